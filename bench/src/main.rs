@@ -1,0 +1,241 @@
+//! `radixgate-bench`: the command line over the bench library. Today it has one
+//! subcommand, `load`, a closed-loop HTTP/1.1 load generator for the gateway or an
+//! engine on loopback; see `bench/README.md`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use radixgate_bench::http::Target;
+use radixgate_bench::load::{self, LoadConfig, MAX_CONCURRENCY};
+use radixgate_bench::report::Report;
+use radixgate_bench::workload::{Kind, Workload, WorkloadConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "radixgate-bench",
+    version,
+    about = "radixgate's load generator and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Closed-loop HTTP/1.1 load: N keep-alive connections, each sending its next
+    /// request as soon as the previous response is complete.
+    Load(LoadArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WorkloadArg {
+    /// One chat body padded to --body-bytes.
+    Fixed,
+    /// --docs shared documents, each asked --questions different questions.
+    Docs,
+    /// --conversations conversations growing a turn per request, up to --turns.
+    Multiturn,
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    /// Target URL (plain http).
+    #[arg(long, default_value = "http://127.0.0.1:8080/v1/chat/completions")]
+    url: String,
+    /// Connections, one thread each.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=MAX_CONCURRENCY as i64))]
+    concurrency: u32,
+    /// Requests in all; 0 for no count limit (then --duration-secs is required).
+    #[arg(long, default_value_t = 2000)]
+    requests: u64,
+    /// Stop starting requests after this many seconds (whichever limit comes first).
+    #[arg(long)]
+    duration_secs: Option<u64>,
+    /// The "model" field of every request.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Fixed)]
+    workload: WorkloadArg,
+    /// fixed: total body size in bytes.
+    #[arg(long, default_value_t = 2048)]
+    body_bytes: usize,
+    /// docs: number of shared documents.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    docs: u32,
+    /// docs: bytes per document.
+    #[arg(long, default_value_t = 4000)]
+    doc_bytes: usize,
+    /// docs: distinct questions per document.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    questions: u32,
+    /// multiturn: conversations in flight.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    conversations: u32,
+    /// multiturn: turns before a conversation starts over.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    turns: u32,
+    /// The "max_tokens" field of every request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// Ask for SSE streaming responses (with usage in the last event).
+    #[arg(long)]
+    stream: bool,
+    /// Seed for the workload's pseudo-random content.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Extra request header, "Name: value"; repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// Per-socket-operation timeout (connect, read, write) in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
+    /// Print one JSON object instead of Markdown tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s.split_once(':').ok_or("expected \"Name: value\"")?;
+    let name = name.trim();
+    let value = value.trim();
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(format!("bad header name {name:?}"));
+    }
+    if value.contains(['\r', '\n']) {
+        return Err("header values cannot contain CR or LF".into());
+    }
+    if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")
+    {
+        return Err(format!("{name} is set by the load generator"));
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Load(args) => load_command(args),
+    }
+}
+
+fn load_command(args: LoadArgs) -> ExitCode {
+    if args.requests == 0 && args.duration_secs.is_none() {
+        eprintln!("error: --requests 0 needs --duration-secs");
+        return ExitCode::from(2);
+    }
+    let target = match Target::parse(&args.url) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let kind = match args.workload {
+        WorkloadArg::Fixed => Kind::Fixed,
+        WorkloadArg::Docs => Kind::Docs,
+        WorkloadArg::Multiturn => Kind::Multiturn,
+    };
+    let workload = Workload::new(WorkloadConfig {
+        kind,
+        model: args.model,
+        max_tokens: args.max_tokens,
+        stream: args.stream,
+        seed: args.seed,
+        body_bytes: args.body_bytes,
+        docs: args.docs as usize,
+        doc_bytes: args.doc_bytes,
+        questions: args.questions as usize,
+        conversations: args.conversations as usize,
+        turns: args.turns as usize,
+    });
+    let cfg = LoadConfig {
+        target,
+        concurrency: args.concurrency as usize,
+        requests: (args.requests > 0).then_some(args.requests),
+        duration: args.duration_secs.map(Duration::from_secs),
+        headers: args.headers,
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+    };
+    let result = match load::run(&cfg, &workload) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start connection threads: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = Report {
+        url: &args.url,
+        workload: kind.name(),
+        concurrency: cfg.concurrency,
+        stream: args.stream,
+        elapsed: result.elapsed,
+        stats: &result.stats,
+    };
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_markdown());
+    }
+    if result.stats.ok == 0 && result.stats.failed() > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_the_documented_command_line() {
+        let cli = Cli::try_parse_from([
+            "radixgate-bench",
+            "load",
+            "--url",
+            "http://127.0.0.1:8080/v1/chat/completions",
+            "--concurrency",
+            "8",
+            "--requests",
+            "2000",
+            "--model",
+            "sim",
+            "--workload",
+            "docs",
+            "--body-bytes",
+            "2048",
+            "--max-tokens",
+            "16",
+            "--stream",
+            "--seed",
+            "1",
+            "--header",
+            "X-Router-Policy: round_robin",
+            "--header",
+            "X-Tenant: t1",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Load(a) = cli.command;
+        assert_eq!(
+            a.headers,
+            vec![
+                ("X-Router-Policy".to_string(), "round_robin".to_string()),
+                ("X-Tenant".to_string(), "t1".to_string()),
+            ]
+        );
+        assert!(a.stream && a.json);
+        assert!(Cli::try_parse_from(["radixgate-bench", "load", "--concurrency", "0"]).is_err());
+        assert!(parse_header("Content-Length: 3").is_err());
+        assert!(parse_header("Bad Name: x").is_err());
+    }
+}

@@ -1,0 +1,18 @@
+//! radixgate's brain: every routing decision, and nothing else.
+//!
+//! This crate knows nothing of sockets, runtimes, clocks or logs. The gateway (`src/`)
+//! parses a request, feeds its prompt to a [`PromptHasher`] to get chained block
+//! hashes and an affinity key, hands a [`RoutingPolicy`] the candidate backends with
+//! their in-flight counts and a seeded RNG, and gets back a [`Pick`] with its
+//! [`Reason`]. Logging and metrics about the pick happen in the caller. The simulator
+//! in `bench/` replays the very same code, so decisions stay unit-testable and
+//! reproducible.
+
+pub mod policy;
+pub mod prompt;
+
+pub use policy::{
+    build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, Reason,
+    RouteInput, RoutingPolicy, UnknownPolicy,
+};
+pub use prompt::{model_seed, PromptHasher};

@@ -1,0 +1,227 @@
+//! Backend selection: the narrow [`RoutingPolicy`] trait, its enum dispatch
+//! ([`Policy`]) and the one factory ([`build_policy`]).
+//!
+//! A shard owns one [`Policy`] instance (so cursors are per shard and need no
+//! synchronisation). For each request it passes the healthy candidates with their
+//! fleet-wide in-flight counts, the prompt's affinity key and its seeded RNG, and gets
+//! back a [`Pick`] whose [`Reason`] the caller logs and counts. Policies are pure and do
+//! not allocate per call; an unknown policy name is an error ([`UnknownPolicy`]), never
+//! a silent fallback.
+
+use std::fmt;
+use std::str::FromStr;
+
+pub mod consistent_hash;
+pub mod least_loaded;
+pub mod random;
+pub mod round_robin;
+
+/// Index into the gateway's backend table, in config order.
+pub type BackendIdx = usize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub backend: BackendIdx,
+    /// Requests in flight to this backend, counted across all shards.
+    pub in_flight: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RouteInput<'a> {
+    pub candidates: &'a [Candidate],
+    pub affinity_key: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub backend: BackendIdx,
+    pub reason: Reason,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    RoundRobin,
+    Random,
+    LeastLoaded,
+    /// The key's home on the ring had room.
+    HashRing,
+    /// The key's home was at its bounded-load capacity (or off the ring); a later
+    /// backend took it.
+    HashRingSpill,
+    /// Hash policy without an affinity key: least-loaded instead.
+    HashNoKey,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::RoundRobin,
+        Reason::Random,
+        Reason::LeastLoaded,
+        Reason::HashRing,
+        Reason::HashRingSpill,
+        Reason::HashNoKey,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RoundRobin => "round-robin",
+            Reason::Random => "random",
+            Reason::LeastLoaded => "least-loaded",
+            Reason::HashRing => "hash-ring",
+            Reason::HashRingSpill => "hash-ring-spill",
+            Reason::HashNoKey => "hash-no-key",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyName {
+    RoundRobin,
+    Random,
+    LeastLoaded,
+    ConsistentHash,
+}
+
+impl PolicyName {
+    pub const ALL: [PolicyName; 4] = [
+        PolicyName::RoundRobin,
+        PolicyName::Random,
+        PolicyName::LeastLoaded,
+        PolicyName::ConsistentHash,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::RoundRobin => "round_robin",
+            PolicyName::Random => "random",
+            PolicyName::LeastLoaded => "least_loaded",
+            PolicyName::ConsistentHash => "consistent_hash",
+        }
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyName {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPolicy { name: s.to_owned() })
+    }
+}
+
+/// A policy name in config that names no policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPolicy {
+    pub name: String,
+}
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown routing policy `{}`; expected one of: ",
+            self.name
+        )?;
+        for (i, p) in PolicyName::ALL.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(p.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnknownPolicy {}
+
+pub trait RoutingPolicy {
+    /// Chooses one of `input.candidates`; `None` only when there are none.
+    fn pick(&mut self, input: &RouteInput<'_>, rng: &mut fastrand::Rng) -> Option<Pick>;
+}
+
+#[derive(Clone, Debug)]
+pub enum Policy {
+    RoundRobin(round_robin::RoundRobin),
+    Random(random::Random),
+    LeastLoaded(least_loaded::LeastLoaded),
+    ConsistentHash(consistent_hash::ConsistentHash),
+}
+
+// === impl Policy ===
+
+impl Policy {
+    pub fn name(&self) -> PolicyName {
+        match self {
+            Policy::RoundRobin(_) => PolicyName::RoundRobin,
+            Policy::Random(_) => PolicyName::Random,
+            Policy::LeastLoaded(_) => PolicyName::LeastLoaded,
+            Policy::ConsistentHash(_) => PolicyName::ConsistentHash,
+        }
+    }
+}
+
+impl RoutingPolicy for Policy {
+    fn pick(&mut self, input: &RouteInput<'_>, rng: &mut fastrand::Rng) -> Option<Pick> {
+        match self {
+            Policy::RoundRobin(p) => p.pick(input, rng),
+            Policy::Random(p) => p.pick(input, rng),
+            Policy::LeastLoaded(p) => p.pick(input, rng),
+            Policy::ConsistentHash(p) => p.pick(input, rng),
+        }
+    }
+}
+
+/// What the factory needs beyond the policy's name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// Backend ids in config order; position `i` is `BackendIdx` `i`. The hash ring is
+    /// built from the ids, so it survives reordering and restarts.
+    pub backend_ids: Vec<String>,
+    /// Bounded-load factor `c` for `consistent_hash`: no backend takes a request while
+    /// at `ceil(c * (total in flight + 1) / candidates)` or more. Values below 1 (or
+    /// NaN) are treated as 1.
+    pub hash_load_factor: f64,
+    /// Virtual points per backend on the hash ring (at least 1 is used).
+    pub hash_virtual_nodes: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            backend_ids: Vec::new(),
+            hash_load_factor: 1.25,
+            hash_virtual_nodes: 160,
+        }
+    }
+}
+
+/// The one factory: every policy the gateway or the simulator runs is built here.
+pub fn build_policy(name: PolicyName, config: &PolicyConfig) -> Policy {
+    match name {
+        PolicyName::RoundRobin => Policy::RoundRobin(round_robin::RoundRobin::new()),
+        PolicyName::Random => Policy::Random(random::Random::new()),
+        PolicyName::LeastLoaded => Policy::LeastLoaded(least_loaded::LeastLoaded::new()),
+        PolicyName::ConsistentHash => Policy::ConsistentHash(consistent_hash::ConsistentHash::new(
+            &config.backend_ids,
+            config.hash_virtual_nodes,
+            config.hash_load_factor,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+use super::*;
+
+#[test]
+fn policy_names_round_trip() {
+    for name in PolicyName::ALL {
+        assert_eq!(name.as_str().parse::<PolicyName>(), Ok(name));
+        assert_eq!(name.to_string(), name.as_str());
+    }
+}
+
+#[test]
+fn unknown_policy_is_an_error_with_the_choices() {
+    let err = "power_of_two".parse::<PolicyName>().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unknown routing policy `power_of_two`; expected one of: \
+         round_robin, random, least_loaded, consistent_hash"
+    );
+    assert!("Round_Robin".parse::<PolicyName>().is_err());
+    assert!("".parse::<PolicyName>().is_err());
+    let _: &dyn std::error::Error = &err;
+}
+
+#[test]
+fn reason_strings() {
+    let strs: Vec<_> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(
+        strs,
+        [
+            "round-robin",
+            "random",
+            "least-loaded",
+            "hash-ring",
+            "hash-ring-spill",
+            "hash-no-key"
+        ]
+    );
+}
+
+#[test]
+fn factory_builds_each_policy_and_dispatch_picks() {
+    let config = PolicyConfig {
+        backend_ids: vec!["a".into(), "b".into(), "c".into()],
+        ..PolicyConfig::default()
+    };
+    let cands: Vec<_> = (0..3)
+        .map(|backend| Candidate {
+            backend,
+            in_flight: 0,
+        })
+        .collect();
+    let input = RouteInput {
+        candidates: &cands,
+        affinity_key: Some(99),
+    };
+    let mut rng = fastrand::Rng::with_seed(5);
+    for name in PolicyName::ALL {
+        let mut policy = build_policy(name, &config);
+        assert_eq!(policy.name(), name);
+        let pick = policy.pick(&input, &mut rng).unwrap();
+        assert!(pick.backend < 3);
+        let expected = match name {
+            PolicyName::RoundRobin => Reason::RoundRobin,
+            PolicyName::Random => Reason::Random,
+            PolicyName::LeastLoaded => Reason::LeastLoaded,
+            PolicyName::ConsistentHash => Reason::HashRing,
+        };
+        assert_eq!(pick.reason, expected);
+        let empty = RouteInput {
+            candidates: &[],
+            affinity_key: None,
+        };
+        assert_eq!(policy.pick(&empty, &mut rng), None);
+    }
+}
+
+#[test]
+fn default_config() {
+    let c = PolicyConfig::default();
+    assert!(c.backend_ids.is_empty());
+    assert_eq!(c.hash_load_factor, 1.25);
+    assert_eq!(c.hash_virtual_nodes, 160);
+}

@@ -1,0 +1,177 @@
+//! Prompt → chained block hashes: the keys of the prefix index and of hash routing.
+//!
+//! The gateway walks a request body once and streams its prompt into a
+//! [`PromptHasher`] as a *canonical byte stream*, which is cut into blocks of exactly
+//! `block_bytes` bytes regardless of message boundaries. Each complete block `i` gets
+//! `h_i = xxh3_64_with_seed(block_i, h_{i-1})` with `h_{-1} = seed` (see
+//! [`model_seed`]), so a block hash names the whole prefix up to and including that
+//! block: two prompts that share a byte prefix share exactly the leading block hashes
+//! it covers, and equal bytes at different positions hash differently.
+//!
+//! # Canonical form
+//!
+//! Chat message (`/v1/chat/completions`), given as `(role, name, parts)`:
+//!
+//! ```text
+//! [0x1E if a message precedes it]  role  0x1F  [name 0x1F]  (0x1D part)*
+//! ```
+//!
+//! - 0x1E (record separator) *separates* messages: it is written at the start of every
+//!   message but the first, never after the last (it stands for the terminator of the
+//!   message before). A conversation's stream is therefore a byte prefix of the
+//!   stream of any continuation of it, which is what multi-turn prefix reuse needs,
+//!   and no `finish` call is required.
+//! - 0x1F (unit separator) ends the role, and the name when there is one.
+//! - 0x1D (group separator) precedes every content part, so the first part comes in
+//!   through [`PromptHasher::feed_message`] and each further one through
+//!   [`PromptHasher::feed_content_part`]. A message with no content is fed with `""`
+//!   and still gets its 0x1D.
+//!
+//! After `role 0x1F` the next byte is 0x1D for an unnamed message and a name byte
+//! otherwise, and every field is closed by its own separator, so different splits of
+//! the same characters (role `a` + content `bc` vs role `ab` + content `c`; parts
+//! `ab|c` vs `a|bc`; a name vs none) give different streams. The separators are ASCII
+//! control bytes that roles and names never hold; content that embeds them can forge a
+//! boundary, which at worst changes a routing hint, never a response.
+//!
+//! Completion prompt (`/v1/completions`): 0x1C (file separator) followed by the text.
+//! It counts as an item like a message, so 0x1E also separates a prompt from whatever
+//! item precedes or follows it, should a caller mix the two.
+
+use std::num::NonZeroUsize;
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+const MESSAGE_SEP: u8 = 0x1E;
+const FIELD_END: u8 = 0x1F;
+const PART_START: u8 = 0x1D;
+const COMPLETION_START: u8 = 0x1C;
+
+/// Seed of a prompt's hash chain: prompts for different models never share blocks.
+pub fn model_seed(model: &str) -> u64 {
+    xxh3_64(model.as_bytes())
+}
+
+/// Streaming hasher for one prompt at a time; reuse it across requests with
+/// [`reset`](Self::reset) so the request path does not allocate.
+#[derive(Clone, Debug)]
+pub struct PromptHasher {
+    block_bytes: usize,
+    seed: u64,
+    /// Bytes of the block being filled; always shorter than `block_bytes`.
+    pending: Vec<u8>,
+    blocks: Vec<u64>,
+    bytes_fed: u64,
+    item_open: bool,
+}
+
+// === impl PromptHasher ===
+
+impl PromptHasher {
+    pub fn new(block_bytes: NonZeroUsize) -> Self {
+        let block_bytes = block_bytes.get();
+        Self {
+            block_bytes,
+            seed: 0,
+            pending: Vec::with_capacity(block_bytes),
+            blocks: Vec::new(),
+            bytes_fed: 0,
+            item_open: false,
+        }
+    }
+
+    /// Starts a new prompt whose chain begins at `seed`; keeps allocations.
+    pub fn reset(&mut self, seed: u64) {
+        self.seed = seed;
+        self.pending.clear();
+        self.blocks.clear();
+        self.bytes_fed = 0;
+        self.item_open = false;
+    }
+
+    /// Appends raw canonical bytes. Full blocks are hashed straight from `bytes`;
+    /// only the tail of a block is copied.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        self.bytes_fed += bytes.len() as u64;
+        if !self.pending.is_empty() {
+            let take = (self.block_bytes - self.pending.len()).min(bytes.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() < self.block_bytes {
+                return;
+            }
+            let h = xxh3_64_with_seed(&self.pending, self.chain());
+            self.blocks.push(h);
+            self.pending.clear();
+        }
+        let mut full = bytes.chunks_exact(self.block_bytes);
+        for block in &mut full {
+            let h = xxh3_64_with_seed(block, self.chain());
+            self.blocks.push(h);
+        }
+        self.pending.extend_from_slice(full.remainder());
+    }
+
+    /// Feeds one chat message with its first content part (see the module docs).
+    pub fn feed_message(&mut self, role: &str, name: Option<&str>, content: &str) {
+        self.begin_item();
+        self.feed(role.as_bytes());
+        self.feed(&[FIELD_END]);
+        if let Some(name) = name {
+            self.feed(name.as_bytes());
+            self.feed(&[FIELD_END]);
+        }
+        self.feed_content_part(content);
+    }
+
+    /// Feeds a further content part of the message last begun with `feed_message`.
+    pub fn feed_content_part(&mut self, text: &str) {
+        self.feed(&[PART_START]);
+        self.feed(text.as_bytes());
+    }
+
+    /// Feeds a `/v1/completions` prompt.
+    pub fn feed_prompt(&mut self, text: &str) {
+        self.begin_item();
+        self.feed(&[COMPLETION_START]);
+        self.feed(text.as_bytes());
+    }
+
+    /// Chained hashes of the complete blocks fed so far.
+    pub fn blocks(&self) -> &[u64] {
+        &self.blocks
+    }
+
+    /// Key for hash routing: the first block's hash, or for a prompt shorter than one
+    /// block the seeded hash of its bytes; `None` when nothing was fed.
+    pub fn affinity_key(&self) -> Option<u64> {
+        match self.blocks.first() {
+            Some(&h) => Some(h),
+            None if self.pending.is_empty() => None,
+            None => Some(xxh3_64_with_seed(&self.pending, self.seed)),
+        }
+    }
+
+    /// Bytes of the canonical stream fed since the last reset.
+    pub fn bytes_fed(&self) -> u64 {
+        self.bytes_fed
+    }
+
+    pub fn block_bytes(&self) -> NonZeroUsize {
+        NonZeroUsize::new(self.block_bytes).expect("constructed from a NonZeroUsize")
+    }
+
+    fn begin_item(&mut self) {
+        if self.item_open {
+            self.feed(&[MESSAGE_SEP]);
+        }
+        self.item_open = true;
+    }
+
+    fn chain(&self) -> u64 {
+        self.blocks.last().copied().unwrap_or(self.seed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! The request path's promise: once warmed up, picks and prompt hashing never touch
+//! the allocator. A counting global allocator (per thread, so parallel tests do not
+//! interfere) checks it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::num::NonZeroUsize;
+
+use radixgate_orchestrator::{
+    build_policy, model_seed, Candidate, PolicyConfig, PolicyName, PromptHasher, RouteInput,
+    RoutingPolicy,
+};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the counter is a
+// const-initialised thread-local `Cell`, which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    let before = ALLOCS.with(Cell::get);
+    f();
+    ALLOCS.with(Cell::get) - before
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    assert!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 10]))) > 0);
+}
+
+#[test]
+fn picks_do_not_allocate() {
+    let config = PolicyConfig {
+        backend_ids: (0..70).map(|i| format!("engine-{i}")).collect(),
+        ..PolicyConfig::default()
+    };
+    let cands: Vec<Candidate> = (0..70)
+        .map(|backend| Candidate {
+            backend,
+            in_flight: (backend % 7) as u32,
+        })
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(3);
+    for name in PolicyName::ALL {
+        let mut policy = build_policy(name, &config);
+        let n = allocations_during(|| {
+            for i in 0..1000u64 {
+                let input = RouteInput {
+                    candidates: &cands[(i % 5) as usize..],
+                    affinity_key: (i % 3 != 0).then_some(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                };
+                assert!(policy.pick(&input, &mut rng).is_some());
+            }
+        });
+        assert_eq!(n, 0, "{name}");
+    }
+}
+
+#[test]
+fn warmed_up_hasher_does_not_allocate() {
+    let mut h = PromptHasher::new(NonZeroUsize::new(64).unwrap());
+    let content = "lorem ipsum dolor sit amet ".repeat(40);
+    let hash_prompt = |h: &mut PromptHasher| {
+        h.reset(model_seed("m"));
+        h.feed_message("system", None, &content);
+        h.feed_message("user", Some("ann"), "hello");
+        h.feed_content_part(&content);
+        h.affinity_key()
+    };
+    let first = hash_prompt(&mut h);
+    let n = allocations_during(|| {
+        for _ in 0..100 {
+            assert_eq!(hash_prompt(&mut h), first);
+        }
+    });
+    assert_eq!(n, 0);
+}

@@ -1,0 +1,523 @@
+//! Configuration: the TOML file as serde wire structs, validated into typed runtime
+//! config.
+//!
+//! Wire structs deny unknown keys and carry a doc comment per field (the annotated
+//! example in `deploy/radixgate.example.toml` mirrors them). [`Config::from_toml`]
+//! reports every semantic error at once, each with its key path, so `radixgate
+//! check-config` can list them all.
+
+use radixgate_orchestrator::PolicyName;
+use serde::Deserialize;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+// === wire format ===
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    server: ServerWire,
+    #[serde(default)]
+    routing: RoutingWire,
+    #[serde(default)]
+    upstream: UpstreamWire,
+    #[serde(default)]
+    health: HealthWire,
+    #[serde(default)]
+    backends: Vec<BackendWire>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct ServerWire {
+    /// Address the shards listen on (each shard binds it with SO_REUSEPORT).
+    listen: String,
+    /// Number of shards (threads, one per core). Default: the number of cores.
+    shards: Option<usize>,
+    /// Cores to pin shard k to (`cores[k % len]`); empty = no pinning.
+    cores: Vec<usize>,
+    /// Core to pin the coordinator thread to; unset = no pinning.
+    coordinator_core: Option<usize>,
+    /// "auto" (io_uring, falling back to epoll), "io_uring" or "epoll".
+    io: String,
+    /// Largest accepted request body.
+    max_body_bytes: u64,
+    /// Largest accepted request head (request line plus headers).
+    max_head_bytes: usize,
+    /// How long an idle client keep-alive connection is kept open.
+    client_idle_timeout_ms: u64,
+}
+
+impl Default for ServerWire {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            shards: None,
+            cores: Vec::new(),
+            coordinator_core: None,
+            io: "auto".into(),
+            max_body_bytes: 8 << 20,
+            max_head_bytes: 16 << 10,
+            client_idle_timeout_ms: 60_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RoutingWire {
+    /// round_robin | random | least_loaded | consistent_hash
+    policy: String,
+    /// Let the request header `X-Router-Policy` pick the policy (for benchmarks).
+    allow_policy_header: bool,
+    /// Bytes per prompt block for prefix hashing.
+    block_bytes: usize,
+    /// consistent_hash: a backend takes at most this factor times the mean load.
+    hash_load_factor: f64,
+    /// consistent_hash: virtual nodes per backend on the ring.
+    hash_virtual_nodes: u32,
+}
+
+impl Default for RoutingWire {
+    fn default() -> Self {
+        Self {
+            policy: "round_robin".into(),
+            allow_policy_header: false,
+            block_bytes: 64,
+            hash_load_factor: 1.25,
+            hash_virtual_nodes: 160,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct UpstreamWire {
+    /// TCP connect timeout to a backend.
+    connect_timeout_ms: u64,
+    /// Longest wait from sending a request to the first response byte.
+    first_byte_timeout_ms: u64,
+    /// Longest silence between two reads of a response body.
+    idle_timeout_ms: u64,
+    /// Idle keep-alive connections kept per shard and backend.
+    pool_max_idle: usize,
+    /// An idle pooled connection older than this is closed instead of reused.
+    pool_idle_expiry_ms: u64,
+}
+
+impl Default for UpstreamWire {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 120_000,
+            idle_timeout_ms: 60_000,
+            pool_max_idle: 64,
+            pool_idle_expiry_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct HealthWire {
+    /// Interval between active `/health` checks of each backend.
+    interval_ms: u64,
+    /// Timeout of one health check.
+    timeout_ms: u64,
+    /// Consecutive failed checks that mark a backend unhealthy.
+    unhealthy_threshold: u32,
+    /// Consecutive passed checks that mark it healthy again.
+    healthy_threshold: u32,
+}
+
+impl Default for HealthWire {
+    fn default() -> Self {
+        Self {
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackendWire {
+    /// Unique name, shown in `X-Router-Backend` and metrics.
+    id: String,
+    /// `http://HOST:PORT` of the engine (an IP address or `localhost`).
+    url: String,
+    /// Model names this backend serves.
+    models: Vec<String>,
+}
+
+// === runtime config ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    Auto,
+    IoUring,
+    Epoll,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub shards: NonZeroUsize,
+    pub cores: Vec<usize>,
+    pub coordinator_core: Option<usize>,
+    pub io: IoMode,
+    pub max_body_bytes: u64,
+    pub max_head_bytes: usize,
+    pub client_idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    pub policy: PolicyName,
+    pub allow_policy_header: bool,
+    pub block_bytes: NonZeroUsize,
+    pub hash_load_factor: f64,
+    pub hash_virtual_nodes: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub pool_max_idle: usize,
+    pub pool_idle_expiry: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub unhealthy_threshold: u32,
+    pub healthy_threshold: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub id: String,
+    pub addr: SocketAddr,
+    /// Value for the upstream `Host` header.
+    pub host: String,
+    pub models: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub routing: RoutingConfig,
+    pub upstream: UpstreamConfig,
+    pub health: HealthConfig,
+    pub backends: Vec<BackendConfig>,
+}
+
+/// Every problem found in a config file, each with its key path.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
+        let wire: ConfigFile =
+            toml::from_str(text).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
+        let mut errors = Vec::new();
+        let config = validate(wire, &mut errors);
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors(vec![format!("{}: {e}", path.display())]))?;
+        Config::from_toml(&text)
+    }
+
+    /// The models served, in first-seen order over the backends.
+    pub fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = Vec::new();
+        for b in &self.backends {
+            for m in &b.models {
+                if !models.contains(m) {
+                    models.push(m.clone());
+                }
+            }
+        }
+        models
+    }
+}
+
+fn millis(ms: u64, key: &str, errors: &mut Vec<String>) -> Duration {
+    if ms == 0 {
+        errors.push(format!("{key}: must be greater than 0"));
+    }
+    Duration::from_millis(ms)
+}
+
+fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
+    let s = wire.server;
+    let listen = s.listen.parse().unwrap_or_else(|_| {
+        errors.push(format!(
+            "server.listen: `{}` is not an IP:port socket address",
+            s.listen
+        ));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    });
+    let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shards = match s.shards {
+        Some(0) => {
+            errors.push("server.shards: must be at least 1".into());
+            NonZeroUsize::MIN
+        }
+        Some(n) => NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN),
+        None => NonZeroUsize::new(default_shards).unwrap_or(NonZeroUsize::MIN),
+    };
+    let io = match s.io.as_str() {
+        "auto" => IoMode::Auto,
+        "io_uring" => IoMode::IoUring,
+        "epoll" => IoMode::Epoll,
+        other => {
+            errors.push(format!(
+                "server.io: unknown driver `{other}`; expected auto, io_uring or epoll"
+            ));
+            IoMode::Auto
+        }
+    };
+    let core_count = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    for (i, c) in s.cores.iter().enumerate() {
+        if core_count > 0 && *c >= core_count {
+            errors.push(format!(
+                "server.cores[{i}]: core {c} does not exist (this host has {core_count})"
+            ));
+        }
+    }
+    if s.max_body_bytes == 0 {
+        errors.push("server.max_body_bytes: must be greater than 0".into());
+    }
+    if s.max_head_bytes < 256 {
+        errors.push("server.max_head_bytes: must be at least 256".into());
+    }
+    let server = ServerConfig {
+        listen,
+        shards,
+        cores: s.cores,
+        coordinator_core: s.coordinator_core,
+        io,
+        max_body_bytes: s.max_body_bytes,
+        max_head_bytes: s.max_head_bytes,
+        client_idle_timeout: millis(
+            s.client_idle_timeout_ms,
+            "server.client_idle_timeout_ms",
+            errors,
+        ),
+    };
+
+    let r = wire.routing;
+    let policy = r.policy.parse().unwrap_or_else(|e| {
+        errors.push(format!("routing.policy: {e}"));
+        PolicyName::RoundRobin
+    });
+    let block_bytes = NonZeroUsize::new(r.block_bytes).unwrap_or_else(|| {
+        errors.push("routing.block_bytes: must be greater than 0".into());
+        NonZeroUsize::MIN
+    });
+    if !(r.hash_load_factor > 1.0 && r.hash_load_factor.is_finite()) {
+        errors.push("routing.hash_load_factor: must be a number greater than 1".into());
+    }
+    if r.hash_virtual_nodes == 0 {
+        errors.push("routing.hash_virtual_nodes: must be at least 1".into());
+    }
+    let routing = RoutingConfig {
+        policy,
+        allow_policy_header: r.allow_policy_header,
+        block_bytes,
+        hash_load_factor: r.hash_load_factor,
+        hash_virtual_nodes: r.hash_virtual_nodes,
+    };
+
+    let u = wire.upstream;
+    let upstream = UpstreamConfig {
+        connect_timeout: millis(u.connect_timeout_ms, "upstream.connect_timeout_ms", errors),
+        first_byte_timeout: millis(
+            u.first_byte_timeout_ms,
+            "upstream.first_byte_timeout_ms",
+            errors,
+        ),
+        idle_timeout: millis(u.idle_timeout_ms, "upstream.idle_timeout_ms", errors),
+        pool_max_idle: u.pool_max_idle,
+        pool_idle_expiry: millis(
+            u.pool_idle_expiry_ms,
+            "upstream.pool_idle_expiry_ms",
+            errors,
+        ),
+    };
+
+    let h = wire.health;
+    if h.unhealthy_threshold == 0 {
+        errors.push("health.unhealthy_threshold: must be at least 1".into());
+    }
+    if h.healthy_threshold == 0 {
+        errors.push("health.healthy_threshold: must be at least 1".into());
+    }
+    let health = HealthConfig {
+        interval: millis(h.interval_ms, "health.interval_ms", errors),
+        timeout: millis(h.timeout_ms, "health.timeout_ms", errors),
+        unhealthy_threshold: h.unhealthy_threshold,
+        healthy_threshold: h.healthy_threshold,
+    };
+
+    if wire.backends.is_empty() {
+        errors.push("backends: at least one [[backends]] entry is required".into());
+    }
+    let mut backends = Vec::with_capacity(wire.backends.len());
+    for (i, b) in wire.backends.into_iter().enumerate() {
+        if b.id.is_empty() || !b.id.bytes().all(|c| c.is_ascii_graphic()) {
+            errors.push(format!(
+                "backends[{i}].id: must be non-empty printable ASCII without spaces"
+            ));
+        }
+        if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
+            errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
+        }
+        if b.models.is_empty() {
+            errors.push(format!("backends[{i}].models: list at least one model"));
+        }
+        let (addr, host) = match parse_http_url(&b.url) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(format!("backends[{i}].url: {e}"));
+                (SocketAddr::from(([127, 0, 0, 1], 0)), String::new())
+            }
+        };
+        backends.push(BackendConfig {
+            id: b.id,
+            addr,
+            host,
+            models: b.models,
+        });
+    }
+    Config {
+        server,
+        routing,
+        upstream,
+        health,
+        backends,
+    }
+}
+
+/// Parses `http://HOST:PORT[/]` where HOST is an IP literal or `localhost`. Names are
+/// not resolved: shards never make blocking DNS calls.
+pub fn parse_http_url(url: &str) -> Result<(SocketAddr, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("`{url}` must start with http://"))?;
+    let authority = rest.trim_end_matches('/');
+    if authority.contains('/') {
+        return Err(format!("`{url}` must not have a path"));
+    }
+    let (host, port) = authority
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{url}` must give a port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("`{url}` has an invalid port"))?;
+    let ip: IpAddr = if host == "localhost" {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| format!("`{url}`: host must be an IP address or localhost"))?
+    };
+    Ok((SocketAddr::new(ip, port), authority.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config() {
+        let c = Config::from_toml(
+            r#"
+            [server]
+            listen = "127.0.0.1:8080"
+            shards = 2
+            io = "auto"
+            [routing]
+            policy = "round_robin"
+            [[backends]]
+            id = "b0"
+            url = "http://127.0.0.1:9001"
+            models = ["sim"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.server.shards.get(), 2);
+        assert_eq!(c.backends[0].addr, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(c.models(), vec!["sim".to_string()]);
+    }
+
+    #[test]
+    fn reports_all_errors_with_paths() {
+        let err = Config::from_toml(
+            r#"
+            [server]
+            listen = "nowhere"
+            io = "kqueue"
+            [routing]
+            policy = "smart"
+            [[backends]]
+            id = "b0"
+            url = "https://x:1"
+            models = []
+            [[backends]]
+            id = "b0"
+            url = "http://127.0.0.1:9"
+            models = ["m"]
+            "#,
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "server.listen",
+            "server.io",
+            "routing.policy",
+            "backends[0].url",
+            "backends[0].models",
+            "backends[1].id: duplicate",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = Config::from_toml("[server]\nlisten_addr = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+}

@@ -1,0 +1,531 @@
+//! The simulated engine's request handling: vLLM's endpoints, the batch and queue,
+//! and the OpenAI response shapes (plain JSON and SSE) with `cached_tokens`.
+
+use super::cache::PrefixCache;
+use super::{EngineConfig, BYTES_PER_TOKEN};
+use crate::error::{ErrorKind, GatewayError};
+use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
+use crate::http::request::Method;
+use crate::openai::{BodyParser, Endpoint, ModelTable, RequestFacts};
+use crate::server::Utf8Vec;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::{TcpListener, TcpStream};
+use radixgate_orchestrator::PromptHasher;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::num::NonZeroUsize;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const WORDS: [&str; 12] = [
+    "cache", "prefix", "token", "router", "engine", "shard", "block", "radix", "batch", "queue",
+    "decode", "prefill",
+];
+
+#[derive(Default)]
+struct Counters {
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    generation_tokens: u64,
+    requests_ok: u64,
+    requests_failed: u64,
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    models: ModelTable,
+    cache: RefCell<PrefixCache>,
+    parser: RefCell<BodyParser>,
+    hasher: RefCell<PromptHasher>,
+    rng: RefCell<fastrand::Rng>,
+    running: Cell<usize>,
+    /// Blocks pinned by running requests (drives `kv_cache_usage_perc`).
+    running_blocks: Cell<usize>,
+    waiting: RefCell<VecDeque<flume::Sender<()>>>,
+    counters: RefCell<Counters>,
+    next_id: Cell<u64>,
+}
+
+/// A batch slot; dropping it hands the slot to the next waiter, or frees it.
+struct Slot<'e> {
+    engine: &'e Engine,
+    blocks: usize,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let e = self.engine;
+        e.running_blocks.set(e.running_blocks.get() - self.blocks);
+        let mut waiting = e.waiting.borrow_mut();
+        while let Some(next) = waiting.pop_front() {
+            if next.send(()).is_ok() {
+                return; // slot passed on; `running` unchanged
+            }
+        }
+        e.running.set(e.running.get() - 1);
+    }
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Rc<Engine> {
+        let block_bytes = NonZeroUsize::new(config.block_tokens.max(1) * BYTES_PER_TOKEN)
+            .unwrap_or(NonZeroUsize::MIN);
+        Rc::new(Engine {
+            models: ModelTable::new(vec![config.model.clone()]),
+            cache: RefCell::new(PrefixCache::new(config.cache_blocks)),
+            parser: RefCell::new(BodyParser::default()),
+            hasher: RefCell::new(PromptHasher::new(block_bytes)),
+            rng: RefCell::new(fastrand::Rng::with_seed(config.seed)),
+            running: Cell::new(0),
+            running_blocks: Cell::new(0),
+            waiting: RefCell::new(VecDeque::new()),
+            counters: RefCell::new(Counters::default()),
+            next_id: Cell::new(0),
+            config,
+        })
+    }
+
+    pub async fn serve(self: Rc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                monoio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            if self.chance(self.config.refuse_rate) {
+                drop(stream);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            monoio::spawn(self.clone().connection(stream));
+        }
+    }
+
+    fn chance(&self, rate: f64) -> bool {
+        rate > 0.0 && self.rng.borrow_mut().f64() < rate
+    }
+
+    async fn connection(self: Rc<Self>, stream: TcpStream) {
+        let limits = RequestLimits {
+            max_head_bytes: 64 << 10,
+            max_body_bytes: 64 << 20,
+            idle_timeout: Duration::from_secs(300),
+        };
+        let mut conn = ClientConn::new(stream, Vec::with_capacity(8192));
+        loop {
+            match conn.read_request(&limits).await {
+                Ok(ReadOutcome::Request) => {}
+                Ok(ReadOutcome::Closed) => return,
+                Err(e) => {
+                    let _ = conn.stream.write_all(e.to_response(b"", false)).await;
+                    return;
+                }
+            }
+            let keep_alive = conn.head.keep_alive;
+            let ok = match (conn.head.route_path(), conn.head.method()) {
+                ("/v1/chat/completions", Method::Post) => {
+                    self.generate(&mut conn, Endpoint::ChatCompletions).await
+                }
+                ("/v1/completions", Method::Post) => {
+                    self.generate(&mut conn, Endpoint::Completions).await
+                }
+                ("/health", Method::Get) => {
+                    reply(
+                        &mut conn.stream,
+                        200,
+                        "application/json",
+                        b"{}".to_vec(),
+                        keep_alive,
+                    )
+                    .await
+                }
+                ("/v1/models", Method::Get) => {
+                    let body = format!(
+                        "{{\"object\":\"list\",\"data\":[{{\"id\":\"{}\",\"object\":\"model\",\"created\":0,\"owned_by\":\"vllm\",\"max_model_len\":4096}}]}}",
+                        self.config.model
+                    );
+                    reply(
+                        &mut conn.stream,
+                        200,
+                        "application/json",
+                        body.into_bytes(),
+                        keep_alive,
+                    )
+                    .await
+                }
+                ("/metrics", Method::Get) => {
+                    reply(
+                        &mut conn.stream,
+                        200,
+                        "text/plain; version=0.0.4",
+                        self.metrics().into_bytes(),
+                        keep_alive,
+                    )
+                    .await
+                }
+                _ => {
+                    let e = GatewayError::new(ErrorKind::PathNotFound, "Not Found");
+                    let (r, _) = conn.stream.write_all(e.to_response(b"", keep_alive)).await;
+                    r.is_ok()
+                }
+            };
+            if !ok || !keep_alive {
+                return;
+            }
+        }
+    }
+
+    fn parse(
+        &self,
+        body: &[u8],
+        endpoint: Endpoint,
+    ) -> Result<(RequestFacts, Vec<u64>, u64), GatewayError> {
+        let mut hasher = self.hasher.borrow_mut();
+        let facts = self
+            .parser
+            .borrow_mut()
+            .parse(endpoint, body, &self.models, &mut hasher)?;
+        let prompt_tokens = hasher.bytes_fed().div_ceil(BYTES_PER_TOKEN as u64).max(1);
+        Ok((facts, hasher.blocks().to_vec(), prompt_tokens))
+    }
+
+    /// Serves one completion. Returns whether the connection is still usable.
+    async fn generate(&self, conn: &mut ClientConn, endpoint: Endpoint) -> bool {
+        let keep_alive = conn.head.keep_alive;
+        let (facts, blocks, prompt_tokens) = match self.parse(&conn.body, endpoint) {
+            Ok(v) => v,
+            Err(e) => {
+                let (r, _) = conn.stream.write_all(e.to_response(b"", keep_alive)).await;
+                return r.is_ok();
+            }
+        };
+        if self.chance(self.config.fail_rate) {
+            self.counters.borrow_mut().requests_failed += 1;
+            return reply_error(
+                conn,
+                503,
+                "simulated engine failure (--fail-rate)",
+                keep_alive,
+            )
+            .await;
+        }
+        let Some(_slot) = self.admit(blocks.len()).await else {
+            self.counters.borrow_mut().requests_failed += 1;
+            return reply_error(conn, 503, "the engine's waiting queue is full", keep_alive).await;
+        };
+
+        // Prefill: only the blocks not already cached cost time.
+        let matched = {
+            let mut cache = self.cache.borrow_mut();
+            let m = cache.matched(&blocks);
+            cache.touch(&blocks);
+            m
+        };
+        let cached_tokens =
+            ((matched * self.config.block_tokens) as u64).min(prompt_tokens.saturating_sub(1));
+        {
+            let mut c = self.counters.borrow_mut();
+            c.prompt_tokens += prompt_tokens;
+            c.cached_tokens += cached_tokens;
+        }
+        let mut delay = self.config.prefill_per_token * (prompt_tokens - cached_tokens) as u32;
+        if self.chance(self.config.spike_rate) {
+            delay += self.config.spike;
+        }
+        if !delay.is_zero() {
+            monoio::time::sleep(delay).await;
+        }
+
+        let max_tokens = facts.max_tokens.unwrap_or(self.config.default_max_tokens);
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let usage = Usage {
+            prompt: prompt_tokens,
+            completion: max_tokens,
+            cached: cached_tokens,
+        };
+        let ok = if facts.stream {
+            let abort_at = self
+                .chance(self.config.abort_rate)
+                .then_some(max_tokens / 2);
+            self.stream_tokens(conn, endpoint, id, &usage, facts.include_usage, abort_at)
+                .await
+        } else {
+            self.decode_wait(max_tokens).await;
+            let body = full_body(endpoint, &self.config.model, id, &usage);
+            reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+        };
+        let mut c = self.counters.borrow_mut();
+        if ok {
+            c.requests_ok += 1;
+            c.generation_tokens += max_tokens;
+        } else {
+            c.requests_failed += 1;
+        }
+        ok
+    }
+
+    /// Waits for a batch slot; `None` when the waiting queue is full.
+    async fn admit(&self, blocks: usize) -> Option<Slot<'_>> {
+        if self.running.get() < self.config.max_batch {
+            self.running.set(self.running.get() + 1);
+        } else {
+            if self.waiting.borrow().len() >= self.config.max_waiting {
+                return None;
+            }
+            let (tx, rx) = flume::bounded(1);
+            self.waiting.borrow_mut().push_back(tx);
+            rx.recv_async().await.ok()?;
+        }
+        self.running_blocks.set(self.running_blocks.get() + blocks);
+        Some(Slot {
+            engine: self,
+            blocks,
+        })
+    }
+
+    async fn decode_wait(&self, tokens: u64) {
+        let d = self.config.decode_per_token * tokens as u32;
+        if !d.is_zero() {
+            monoio::time::sleep(d).await;
+        }
+    }
+
+    async fn stream_tokens(
+        &self,
+        conn: &mut ClientConn,
+        endpoint: Endpoint,
+        id: u64,
+        usage: &Usage,
+        include_usage: bool,
+        abort_at: Option<u64>,
+    ) -> bool {
+        let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
+        let (r, _) = conn.stream.write_all(&head[..]).await;
+        if r.is_err() {
+            return false;
+        }
+        let model = &self.config.model;
+        let created = unix_now();
+        let mut event = Vec::with_capacity(512);
+        if endpoint == Endpoint::ChatCompletions {
+            let _ = write!(
+                Utf8Vec(&mut event),
+                "data: {{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+            );
+            if !send_chunk(&mut conn.stream, &mut event).await {
+                return false;
+            }
+        }
+        for i in 0..usage.completion {
+            if abort_at == Some(i) {
+                return false; // drop the connection mid-stream
+            }
+            if !self.config.decode_per_token.is_zero() {
+                monoio::time::sleep(self.config.decode_per_token).await;
+            }
+            let word = WORDS[(id as usize + i as usize) % WORDS.len()];
+            let last = i + 1 == usage.completion;
+            let finish = if last { "\"length\"" } else { "null" };
+            match endpoint {
+                Endpoint::ChatCompletions => write!(
+                    Utf8Vec(&mut event),
+                    "data: {{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{word} \"}},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+                ),
+                Endpoint::Completions => write!(
+                    Utf8Vec(&mut event),
+                    "data: {{\"id\":\"cmpl-{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"text\":\"{word} \",\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+                ),
+            }
+            .ok();
+            if !send_chunk(&mut conn.stream, &mut event).await {
+                return false;
+            }
+        }
+        if include_usage {
+            let object = match endpoint {
+                Endpoint::ChatCompletions => "chat.completion.chunk",
+                Endpoint::Completions => "text_completion",
+            };
+            let _ = write!(
+                Utf8Vec(&mut event),
+                "data: {{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":[],\"usage\":{}}}\n\n",
+                usage.json()
+            );
+            if !send_chunk(&mut conn.stream, &mut event).await {
+                return false;
+            }
+        }
+        event.extend_from_slice(b"data: [DONE]\n\n");
+        if !send_chunk(&mut conn.stream, &mut event).await {
+            return false;
+        }
+        let (r, _) = conn.stream.write_all(&b"0\r\n\r\n"[..]).await;
+        r.is_ok()
+    }
+
+    fn metrics(&self) -> String {
+        let c = self.counters.borrow();
+        let cache = self.cache.borrow();
+        let labels = format!("engine=\"0\",model_name=\"{}\"", self.config.model);
+        let usage = if cache.capacity() == 0 {
+            0.0
+        } else {
+            (self.running_blocks.get() as f64 / cache.capacity() as f64).min(1.0)
+        };
+        let mut out = String::with_capacity(2048);
+        let gauges = [
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                self.running.get() as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                self.waiting.borrow().len() as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
+            );
+        }
+        let counters = [
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                c.prompt_tokens,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                c.cached_tokens,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                c.prompt_tokens,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                c.generation_tokens,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{{labels},finished_reason=\"length\"}} {}",
+            c.requests_ok
+        );
+        out
+    }
+}
+
+struct Usage {
+    prompt: u64,
+    completion: u64,
+    cached: u64,
+}
+
+impl Usage {
+    fn json(&self) -> String {
+        format!(
+            "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":{}}}}}",
+            self.prompt,
+            self.prompt + self.completion,
+            self.completion,
+            self.cached
+        )
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn full_body(endpoint: Endpoint, model: &str, id: u64, usage: &Usage) -> Vec<u8> {
+    let mut text = String::new();
+    for i in 0..usage.completion {
+        text.push_str(WORDS[(id as usize + i as usize) % WORDS.len()]);
+        text.push(' ');
+    }
+    let created = unix_now();
+    let usage = usage.json();
+    match endpoint {
+        Endpoint::ChatCompletions => format!(
+            "{{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":\"length\"}}],\"usage\":{usage}}}"
+        ),
+        Endpoint::Completions => format!(
+            "{{\"id\":\"cmpl-{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":\"length\"}}],\"usage\":{usage}}}"
+        ),
+    }
+    .into_bytes()
+}
+
+/// Writes `event` as one HTTP chunk and clears it.
+async fn send_chunk(stream: &mut TcpStream, event: &mut Vec<u8>) -> bool {
+    let mut chunk = Vec::with_capacity(event.len() + 12);
+    let _ = write!(Utf8Vec(&mut chunk), "{:x}\r\n", event.len());
+    chunk.extend_from_slice(event);
+    chunk.extend_from_slice(b"\r\n");
+    event.clear();
+    let (r, _) = stream.write_all(chunk).await;
+    r.is_ok()
+}
+
+async fn reply(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: Vec<u8>,
+    keep_alive: bool,
+) -> bool {
+    let mut out = Vec::with_capacity(128 + body.len());
+    let _ = write!(
+        Utf8Vec(&mut out),
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{}\r\n",
+        crate::error::reason_phrase(status),
+        body.len(),
+        if keep_alive {
+            ""
+        } else {
+            "connection: close\r\n"
+        }
+    );
+    out.extend_from_slice(&body);
+    let (r, _) = stream.write_all(out).await;
+    r.is_ok()
+}
+
+async fn reply_error(conn: &mut ClientConn, status: u16, message: &str, keep_alive: bool) -> bool {
+    let mut body = Vec::new();
+    body.extend_from_slice(b"{\"error\":{\"message\":");
+    crate::error::write_json_string(&mut body, message);
+    let _ = write!(
+        Utf8Vec(&mut body),
+        ",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":{status}}}}}"
+    );
+    reply(
+        &mut conn.stream,
+        status,
+        "application/json",
+        body,
+        keep_alive,
+    )
+    .await
+}

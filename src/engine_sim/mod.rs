@@ -1,0 +1,155 @@
+//! A simulated LLM engine that speaks vLLM's OpenAI API closely enough that a client
+//! cannot tell: the test fleet, the demo fleet and the benchmark fleet.
+//!
+//! It models what matters to a cache-aware router: a prefix cache (LRU over prompt
+//! blocks, sized with `cache_blocks`), a prefill cost per *uncached* prompt token, a
+//! decode cost per output token, a bounded batch of running requests with a waiting
+//! queue, and vLLM's `/metrics` names. Faults can be injected: 503s, latency spikes,
+//! streams aborted midway, connections dropped on accept. One engine runs on its own
+//! monoio thread; tests, `radixgate demo` and the bench start it in process.
+//!
+//! Token accounting: a prompt is the gateway's canonical byte stream (see the
+//! orchestrator's `PromptHasher`) at 4 bytes per token, cut into blocks of
+//! `block_tokens` tokens.
+
+mod cache;
+mod handler;
+
+use crate::runtime::{bind_reuseport, Driver, ShardRuntime};
+use std::io;
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use cache::PrefixCache;
+
+/// Bytes of canonical prompt per simulated token.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: String,
+    /// Prefix-cache capacity in blocks.
+    pub cache_blocks: usize,
+    /// Tokens per cache block (vLLM's GPU default is 16; its CPU build uses 128).
+    pub block_tokens: usize,
+    /// Simulated prefill time per uncached prompt token.
+    pub prefill_per_token: Duration,
+    /// Simulated time per generated token.
+    pub decode_per_token: Duration,
+    /// Requests decoded at once; more wait in the queue.
+    pub max_batch: usize,
+    /// Waiting requests beyond this are refused with 503.
+    pub max_waiting: usize,
+    /// Output tokens when the request gives no `max_tokens`.
+    pub default_max_tokens: u64,
+    /// Share of requests answered with 503.
+    pub fail_rate: f64,
+    /// Share of requests delayed by `spike` before their first token.
+    pub spike_rate: f64,
+    pub spike: Duration,
+    /// Share of streaming requests whose connection is cut halfway through.
+    pub abort_rate: f64,
+    /// Share of connections closed right after accept, before any response.
+    pub refuse_rate: f64,
+    pub seed: u64,
+}
+
+impl EngineConfig {
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            cache_blocks: 4096,
+            block_tokens: 16,
+            prefill_per_token: Duration::from_micros(20),
+            decode_per_token: Duration::from_millis(2),
+            max_batch: 32,
+            max_waiting: 1024,
+            default_max_tokens: 16,
+            fail_rate: 0.0,
+            spike_rate: 0.0,
+            spike: Duration::from_millis(500),
+            abort_rate: 0.0,
+            refuse_rate: 0.0,
+            seed: 1,
+        }
+    }
+
+    /// An engine that answers as fast as it can (for functional tests).
+    pub fn instant(model: impl Into<String>) -> Self {
+        Self {
+            prefill_per_token: Duration::ZERO,
+            decode_per_token: Duration::ZERO,
+            ..Self::new(model)
+        }
+    }
+}
+
+/// A running simulated engine; stops when dropped.
+pub struct EngineHandle {
+    addr: SocketAddr,
+    stop: Option<flume::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Binds `listen` (port 0 for an ephemeral port) and serves on a new thread.
+pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Result<EngineHandle> {
+    let listener = bind_reuseport(listen, driver)?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = flume::bounded::<()>(1);
+    let thread = std::thread::Builder::new()
+        .name(format!("radixgate-engine-{}", addr.port()))
+        .spawn(move || {
+            let mut runtime = match ShardRuntime::build(driver) {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "could not build the engine runtime");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let Ok(listener) = monoio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let engine = handler::Engine::new(config);
+                monoio::select! {
+                    _ = engine.serve(listener) => {}
+                    _ = stop_rx.recv_async() => {}
+                }
+            });
+        })?;
+    Ok(EngineHandle {
+        addr,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,113 @@
+//! What shards know about the backends: an immutable [`FleetSnapshot`] published by
+//! the coordinator on every change, and the cross-shard [`InFlight`] counters.
+//!
+//! Snapshots arrive whole (one `Arc` swap per change), so a shard never sees half an
+//! update. In-flight counts are the one piece of fleet state written on the request
+//! path; each shard writes only its own padded slots (one writer per cache line, so
+//! plain relaxed load+store with no locked instruction), and readers sum the rows.
+//! Relaxed ordering is enough: the sum is a load estimate for balancing, nothing
+//! synchronises through it, and a momentarily stale count only skews one pick.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+#[derive(Debug, Clone)]
+pub struct FleetSnapshot {
+    pub version: u64,
+    pub healthy: Box<[bool]>,
+}
+
+impl FleetSnapshot {
+    pub fn all_healthy(backends: usize) -> Self {
+        Self {
+            version: 0,
+            healthy: vec![true; backends].into_boxed_slice(),
+        }
+    }
+
+    pub fn any_healthy(&self) -> bool {
+        self.healthy.iter().any(|h| *h)
+    }
+}
+
+#[repr(align(64))]
+#[derive(Default)]
+struct PaddedCounter(AtomicU32);
+
+pub struct InFlight {
+    /// `rows[shard][backend]`.
+    rows: Box<[Box<[PaddedCounter]>]>,
+}
+
+impl InFlight {
+    pub fn new(shards: usize, backends: usize) -> Self {
+        let rows = (0..shards)
+            .map(|_| (0..backends).map(|_| PaddedCounter::default()).collect())
+            .collect();
+        Self { rows }
+    }
+
+    /// Called only by `shard` itself (single writer per slot).
+    pub fn increment(&self, shard: usize, backend: usize) {
+        let c = &self.rows[shard][backend].0;
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Called only by `shard` itself (single writer per slot).
+    pub fn decrement(&self, shard: usize, backend: usize) {
+        let c = &self.rows[shard][backend].0;
+        c.store(
+            c.load(Ordering::Relaxed).saturating_sub(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// In-flight requests to `backend` across all shards.
+    pub fn total(&self, backend: usize) -> u32 {
+        self.rows
+            .iter()
+            .map(|row| row[backend].0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// Decrements the in-flight slot when the request ends, however it ends (including
+/// a client that disconnects and drops the request's future).
+pub struct InFlightGuard<'a> {
+    counters: &'a InFlight,
+    shard: usize,
+    backend: usize,
+}
+
+impl<'a> InFlightGuard<'a> {
+    pub fn enter(counters: &'a InFlight, shard: usize, backend: usize) -> Self {
+        counters.increment(shard, backend);
+        Self {
+            counters,
+            shard,
+            backend,
+        }
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.counters.decrement(self.shard, self.backend);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_rows_and_guard_releases() {
+        let f = InFlight::new(2, 3);
+        {
+            let _a = InFlightGuard::enter(&f, 0, 1);
+            let _b = InFlightGuard::enter(&f, 1, 1);
+            assert_eq!(f.total(1), 2);
+            assert_eq!(f.total(0), 0);
+        }
+        assert_eq!(f.total(1), 0);
+    }
+}

@@ -1,0 +1,146 @@
+//! Starting and stopping the gateway: binds every shard's listener, spawns the
+//! pinned shard threads and the coordinator, and hands back a [`Gateway`] handle.
+//!
+//! Listeners are bound on the caller's thread before any thread starts, so a caller
+//! (a test, the demo) knows the port at once and never waits for start-up.
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::fleet::FleetSnapshot;
+use crate::runtime::{bind_reuseport, Driver, ShardRuntime};
+use crate::server::accept_loop;
+use crate::shard::{Shard, Shared};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub struct Gateway {
+    addr: SocketAddr,
+    driver: Driver,
+    shard_threads: Vec<JoinHandle<()>>,
+    shard_stops: Vec<flume::Sender<()>>,
+    coordinator: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
+}
+
+impl Gateway {
+    pub fn start(config: Config) -> io::Result<Gateway> {
+        let driver = Driver::resolve(config.server.io);
+        let shards = config.server.shards.get();
+
+        // Bind every listener up front; shard 0 resolves port 0 for the others.
+        let first = bind_reuseport(config.server.listen, driver)?;
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..shards {
+            listeners.push(bind_reuseport(addr, driver)?);
+        }
+
+        let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
+        let core_ids = core_affinity::get_core_ids().unwrap_or_default();
+        let cores = config.server.cores.clone();
+        let coordinator_core = config.server.coordinator_core;
+        let shared = Arc::new(Shared::new(config, cmd_txs.clone()));
+        let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
+
+        let mut shard_threads = Vec::with_capacity(shards);
+        let mut shard_stops = Vec::with_capacity(shards);
+        for (id, (listener, commands)) in listeners.into_iter().zip(cmd_rxs).enumerate() {
+            let (stop_tx, stop_rx) = flume::bounded::<()>(1);
+            shard_stops.push(stop_tx);
+            let shared = shared.clone();
+            let fleet = initial.clone();
+            let core = (!cores.is_empty()).then(|| cores[id % cores.len()]);
+            let core_id = core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
+            let handle = std::thread::Builder::new()
+                .name(format!("radixgate-shard-{id}"))
+                .spawn(move || {
+                    if let Some(core) = core_id {
+                        if !core_affinity::set_for_current(core) {
+                            tracing::warn!(shard = id, core = core.id, "could not pin shard to core");
+                        }
+                    }
+                    let mut runtime = match ShardRuntime::build(driver) {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!(shard = id, error = %e, "could not build the shard runtime");
+                            return;
+                        }
+                    };
+                    runtime.block_on(async move {
+                        let listener = match monoio::net::TcpListener::from_std(listener) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                tracing::error!(shard = id, error = %e, "could not adopt listener");
+                                return;
+                            }
+                        };
+                        let shard = Shard::new(id, shared, fleet);
+                        monoio::spawn(shard.clone().command_loop(commands));
+                        monoio::select! {
+                            _ = accept_loop(shard, listener) => {}
+                            _ = stop_rx.recv_async() => {}
+                        }
+                    });
+                })?;
+            shard_threads.push(handle);
+        }
+
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let coordinator = Coordinator::new(
+            shared.config.backends.clone(),
+            shared.config.health.clone(),
+            cmd_txs,
+        );
+        let coordinator_core_id =
+            coordinator_core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
+        let coord_handle = std::thread::Builder::new()
+            .name("radixgate-coord".into())
+            .spawn(move || {
+                if let Some(core) = coordinator_core_id {
+                    core_affinity::set_for_current(core);
+                }
+                coordinator.run(stop_rx)
+            })?;
+        tracing::info!(%addr, shards, driver = driver.as_str(), "radixgate listening");
+        Ok(Gateway {
+            addr,
+            driver,
+            shard_threads,
+            shard_stops,
+            coordinator: Some((stop_tx, coord_handle)),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn driver(&self) -> Driver {
+        self.driver
+    }
+
+    /// Stops accepting, drops open connections and joins every thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for s in self.shard_stops.drain(..) {
+            let _ = s.send(());
+        }
+        for t in self.shard_threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some((stop, handle)) = self.coordinator.take() {
+            let _ = stop.send(());
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

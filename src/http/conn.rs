@@ -1,0 +1,173 @@
+//! The server side of one client connection: reads request after request (keep-alive
+//! and pipelined) into buffers the connection owns and reuses.
+//!
+//! Shared by the gateway's shards and the simulated engine, so both parse HTTP the
+//! same way: heads bounded by `max_head_bytes`, bodies by `max_body_bytes` (checked
+//! before reading when the length is declared), `Expect: 100-continue` answered only
+//! when the body has not already arrived, chunked bodies decoded as they come.
+
+use super::chunked::ChunkedDecoder;
+use super::io::{consume_front, read_append};
+use super::request::{parse_request_head, RequestHead};
+use super::BodyFraming;
+use crate::error::{ErrorKind, GatewayError};
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    pub max_head_bytes: usize,
+    pub max_body_bytes: u64,
+    pub idle_timeout: Duration,
+}
+
+pub struct ClientConn {
+    pub stream: TcpStream,
+    /// Bytes read but not yet consumed (the start of a pipelined next request).
+    buf: Vec<u8>,
+    pub head: RequestHead,
+    pub body: Vec<u8>,
+}
+
+pub enum ReadOutcome {
+    Request,
+    /// The client closed (or idled out) between requests.
+    Closed,
+}
+
+impl ClientConn {
+    pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
+        Self {
+            stream,
+            buf,
+            head: RequestHead::default(),
+            body: Vec::new(),
+        }
+    }
+
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+
+    /// Reads the next request's head and body. An `Err` leaves the connection's
+    /// framing untrustworthy: answer it and close.
+    pub async fn read_request(
+        &mut self,
+        limits: &RequestLimits,
+    ) -> Result<ReadOutcome, GatewayError> {
+        let head_len = loop {
+            if !self.buf.is_empty() {
+                let window = self.buf.len().min(limits.max_head_bytes);
+                match parse_request_head(&self.buf[..window], &mut self.head)? {
+                    Some(n) => break n,
+                    None if window >= limits.max_head_bytes => {
+                        return Err(GatewayError::new(
+                            ErrorKind::HeadTooLarge,
+                            format!(
+                                "request head exceeds {} bytes (server.max_head_bytes)",
+                                limits.max_head_bytes
+                            ),
+                        ))
+                    }
+                    None => {}
+                }
+            }
+            let between_requests = self.buf.is_empty();
+            let read = monoio::time::timeout(
+                limits.idle_timeout,
+                read_append(&mut self.stream, &mut self.buf, 4096),
+            )
+            .await;
+            match read {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) if !between_requests => {
+                    return Err(GatewayError::new(
+                        ErrorKind::BadHttp,
+                        "connection closed mid-request",
+                    ))
+                }
+                _ => return Ok(ReadOutcome::Closed),
+            }
+        };
+        consume_front(&mut self.buf, head_len);
+
+        self.body.clear();
+        let framing = self.head.framing();
+        if let BodyFraming::Length(n) = framing {
+            if n > limits.max_body_bytes {
+                return Err(body_too_large(limits.max_body_bytes));
+            }
+        }
+        if self.head.expect_continue && framing != BodyFraming::Empty && self.buf.is_empty() {
+            let (r, _) = self
+                .stream
+                .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
+                .await;
+            r.map_err(|_| GatewayError::new(ErrorKind::BadHttp, "client went away"))?;
+        }
+        match framing {
+            BodyFraming::Empty | BodyFraming::UntilClose => {}
+            BodyFraming::Length(n) => {
+                let n = n as usize;
+                while self.buf.len() < n {
+                    self.fill(limits, n - self.buf.len()).await?;
+                }
+                self.body.extend_from_slice(&self.buf[..n]);
+                consume_front(&mut self.buf, n);
+            }
+            BodyFraming::Chunked => {
+                let mut decoder = ChunkedDecoder::new();
+                let max = limits.max_body_bytes as usize;
+                loop {
+                    let mut over = false;
+                    let body = &mut self.body;
+                    let used = decoder
+                        .feed(&self.buf, |data| {
+                            if body.len() + data.len() > max {
+                                over = true;
+                            } else {
+                                body.extend_from_slice(data);
+                            }
+                        })
+                        .map_err(|e| GatewayError::new(ErrorKind::BadHttp, e.to_string()))?;
+                    if over {
+                        return Err(body_too_large(limits.max_body_bytes));
+                    }
+                    consume_front(&mut self.buf, used);
+                    if decoder.is_done() {
+                        break;
+                    }
+                    self.fill(limits, 4096).await?;
+                }
+            }
+        }
+        Ok(ReadOutcome::Request)
+    }
+
+    async fn fill(&mut self, limits: &RequestLimits, want: usize) -> Result<(), GatewayError> {
+        let read = monoio::time::timeout(
+            limits.idle_timeout,
+            read_append(&mut self.stream, &mut self.buf, want.clamp(4096, 64 << 10)),
+        )
+        .await;
+        match read {
+            Ok(Ok(n)) if n > 0 => Ok(()),
+            Ok(_) => Err(GatewayError::new(
+                ErrorKind::BadHttp,
+                "connection closed mid-body",
+            )),
+            Err(_) => Err(GatewayError::new(
+                ErrorKind::BadHttp,
+                "timed out reading the request body",
+            )),
+        }
+    }
+}
+
+fn body_too_large(limit: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::BodyTooLarge,
+        format!("request body exceeds {limit} bytes (server.max_body_bytes)"),
+    )
+}

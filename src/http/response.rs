@@ -1,0 +1,139 @@
+//! Upstream response heads: status, framing, keep-alive, and the header lines the
+//! gateway passes on to the client.
+//!
+//! Chunked framing is passed through byte for byte (the shard tracks it with
+//! [`super::chunked::ChunkedDecoder`]), so `Transfer-Encoding` is kept; every other
+//! hop-by-hop header is dropped.
+
+use super::{header_has_token, is_hop_by_hop, parse_content_length, BodyFraming};
+
+const MAX_HEADERS: usize = 64;
+
+#[derive(Debug, Default)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub reason: String,
+    pub framing: Option<BodyFraming>,
+    pub keep_alive: bool,
+    pub event_stream: bool,
+    /// `Name: value\r\n` lines to pass to the client.
+    pub forward_headers: Vec<u8>,
+}
+
+impl ResponseHead {
+    pub fn framing(&self) -> BodyFraming {
+        self.framing.unwrap_or(BodyFraming::UntilClose)
+    }
+}
+
+#[derive(Debug)]
+pub struct BadResponse(pub String);
+
+/// Parses a response head at the start of `buf`; `None` if more bytes are needed.
+/// `head_request` marks a response to HEAD (no body whatever the headers say).
+pub fn parse_response_head(
+    buf: &[u8],
+    head: &mut ResponseHead,
+    head_request: bool,
+) -> Result<Option<usize>, BadResponse> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => {
+            return Err(BadResponse(format!(
+                "malformed upstream response head: {e}"
+            )))
+        }
+    };
+    let status = resp.code.unwrap_or(0);
+    head.status = status;
+    head.reason.clear();
+    head.reason.push_str(resp.reason.unwrap_or(""));
+    head.keep_alive = resp.version == Some(1);
+    head.event_stream = false;
+    head.forward_headers.clear();
+    let mut content_length = None;
+    let mut chunked = false;
+    let mut connection_tokens: Option<&[u8]> = None;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(parse_content_length(h.value).ok_or_else(|| {
+                BadResponse("invalid Content-Length in upstream response".into())
+            })?);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = header_has_token(h.value, "chunked");
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if header_has_token(h.value, "close") {
+                head.keep_alive = false;
+            } else if header_has_token(h.value, "keep-alive") {
+                head.keep_alive = true;
+            }
+            connection_tokens = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("content-type") {
+            head.event_stream = h.value.starts_with(b"text/event-stream");
+        }
+    }
+    let no_body = head_request || status < 200 || status == 204 || status == 304;
+    head.framing = Some(if no_body {
+        BodyFraming::Empty
+    } else if chunked {
+        BodyFraming::Chunked
+    } else {
+        match content_length {
+            Some(0) => BodyFraming::Empty,
+            Some(n) => BodyFraming::Length(n),
+            None => {
+                head.keep_alive = false;
+                BodyFraming::UntilClose
+            }
+        }
+    });
+    for h in resp.headers.iter() {
+        let keep_framing = h.name.eq_ignore_ascii_case("transfer-encoding") && chunked;
+        if (!keep_framing && is_hop_by_hop(h.name))
+            || h.name.eq_ignore_ascii_case("x-request-id")
+            || connection_tokens.is_some_and(|c| header_has_token(c, h.name))
+        {
+            continue;
+        }
+        if keep_framing {
+            head.forward_headers
+                .extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+            continue;
+        }
+        head.forward_headers.extend_from_slice(h.name.as_bytes());
+        head.forward_headers.extend_from_slice(b": ");
+        head.forward_headers.extend_from_slice(h.value);
+        head.forward_headers.extend_from_slice(b"\r\n");
+    }
+    Ok(Some(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_sse_head() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nX-Request-Id: up\r\n\r\n";
+        let mut head = ResponseHead::default();
+        let n = parse_response_head(raw, &mut head, false).unwrap().unwrap();
+        assert_eq!(n, raw.len());
+        assert_eq!(head.framing(), BodyFraming::Chunked);
+        assert!(head.event_stream && head.keep_alive);
+        assert_eq!(
+            head.forward_headers,
+            b"Content-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n"
+        );
+    }
+
+    #[test]
+    fn close_delimited() {
+        let mut head = ResponseHead::default();
+        parse_response_head(b"HTTP/1.1 200 OK\r\n\r\n", &mut head, false).unwrap();
+        assert_eq!(head.framing(), BodyFraming::UntilClose);
+        assert!(!head.keep_alive);
+    }
+}

@@ -1,0 +1,28 @@
+//! radixgate: a cache-aware, thread-per-core, OpenAI-compatible LLM inference gateway.
+//!
+//! This crate is the data plane (the "muscle"): shards that speak HTTP/1.1 on
+//! io_uring or epoll (`server`, `http`, `proxy`, `pool`), the coordinator thread
+//! that owns fleet state (`coordinator`, `fleet`), configuration, errors, metrics,
+//! and the simulated engine used by tests, the demo and the bench. Every routing
+//! decision comes from the `radixgate-orchestrator` crate (the "brain"). See
+//! DESIGN.md for the map.
+
+pub mod config;
+pub mod coordinator;
+pub mod demo;
+pub mod engine_sim;
+pub mod error;
+pub mod fleet;
+pub mod gateway;
+pub mod http;
+pub mod metrics;
+pub mod observe;
+pub mod openai;
+pub mod pool;
+pub mod proxy;
+pub mod runtime;
+pub mod server;
+pub mod shard;
+
+pub use config::Config;
+pub use gateway::Gateway;

@@ -1,0 +1,219 @@
+//! The `radixgate` command: `serve`, `check-config`, `demo` and `engine-sim`.
+
+use clap::{Parser, Subcommand};
+use radixgate::config::{Config, IoMode};
+use radixgate::engine_sim::{self, EngineConfig};
+use radixgate::runtime::Driver;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "radixgate",
+    version,
+    about = "Cache-aware OpenAI-compatible LLM inference gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway with a TOML config file.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Check a config file; print every error with its key path.
+    CheckConfig { file: PathBuf },
+    /// Three simulated engines and the gateway in one process, ready for curl.
+    Demo {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Routing policy (round_robin, random, least_loaded, consistent_hash).
+        #[arg(long, default_value = "round_robin")]
+        policy: String,
+    },
+    /// Run one simulated vLLM-compatible engine.
+    EngineSim(EngineArgs),
+}
+
+#[derive(clap::Args)]
+struct EngineArgs {
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    listen: SocketAddr,
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// Prefix-cache capacity in blocks.
+    #[arg(long, default_value_t = 4096)]
+    cache_blocks: usize,
+    /// Tokens per cache block.
+    #[arg(long, default_value_t = 16)]
+    block_tokens: usize,
+    /// Prefill cost per uncached prompt token, in microseconds.
+    #[arg(long, default_value_t = 20)]
+    prefill_us_per_token: u64,
+    /// Decode cost per output token, in microseconds.
+    #[arg(long, default_value_t = 2000)]
+    decode_us_per_token: u64,
+    /// Requests decoded at once.
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    /// Waiting requests beyond this get 503.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting: usize,
+    /// Output tokens when a request gives no max_tokens.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: u64,
+    /// Share of requests answered with 503.
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Share of requests delayed by --spike-ms before their first token.
+    #[arg(long, default_value_t = 0.0)]
+    spike_rate: f64,
+    #[arg(long, default_value_t = 500)]
+    spike_ms: u64,
+    /// Share of streams cut off halfway.
+    #[arg(long, default_value_t = 0.0)]
+    abort_rate: f64,
+    /// Share of connections closed right after accept.
+    #[arg(long, default_value_t = 0.0)]
+    refuse_rate: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// I/O driver: auto, io_uring or epoll.
+    #[arg(long, default_value = "auto")]
+    io: String,
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_ctrl_c() {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+    if let Err(e) = ctrlc::set_handler(move || {
+        let _ = tx.try_send(());
+    }) {
+        eprintln!("radixgate: cannot handle Ctrl-C ({e}); stop the process with SIGKILL");
+    }
+    let _ = rx.recv();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} shards, {} backends, policy {})",
+                    file.display(),
+                    c.server.shards,
+                    c.backends.len(),
+                    c.routing.policy.as_str()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                for e in &errors.0 {
+                    eprintln!("{}: {e}", file.display());
+                }
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => {
+            init_logging();
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(errors) => {
+                    for e in &errors.0 {
+                        eprintln!("{}: {e}", config.display());
+                    }
+                    return ExitCode::FAILURE;
+                }
+            };
+            let gateway = match radixgate::Gateway::start(config) {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("radixgate: could not start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            wait_for_ctrl_c();
+            gateway.shutdown();
+            ExitCode::SUCCESS
+        }
+        Command::Demo { listen, policy } => {
+            init_logging();
+            let demo = match radixgate::demo::start(listen, &policy) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("radixgate demo: could not start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let addr = demo.gateway.local_addr();
+            println!("radixgate demo: gateway on http://{addr} in front of 3 simulated engines (model \"sim\")");
+            for e in &demo.engines {
+                println!("  engine {}", e.url());
+            }
+            println!("Try:\n  curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"sim\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
+            println!("Streaming: add \"stream\":true. Metrics: curl http://{addr}/metrics. Ctrl-C stops.");
+            wait_for_ctrl_c();
+            demo.gateway.shutdown();
+            ExitCode::SUCCESS
+        }
+        Command::EngineSim(a) => {
+            init_logging();
+            let io = match a.io.as_str() {
+                "auto" => IoMode::Auto,
+                "io_uring" => IoMode::IoUring,
+                "epoll" => IoMode::Epoll,
+                other => {
+                    eprintln!("--io: unknown driver `{other}`; expected auto, io_uring or epoll");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let cfg = EngineConfig {
+                model: a.model,
+                cache_blocks: a.cache_blocks,
+                block_tokens: a.block_tokens,
+                prefill_per_token: Duration::from_micros(a.prefill_us_per_token),
+                decode_per_token: Duration::from_micros(a.decode_us_per_token),
+                max_batch: a.max_batch.max(1),
+                max_waiting: a.max_waiting,
+                default_max_tokens: a.default_max_tokens,
+                fail_rate: a.fail_rate,
+                spike_rate: a.spike_rate,
+                spike: Duration::from_millis(a.spike_ms),
+                abort_rate: a.abort_rate,
+                refuse_rate: a.refuse_rate,
+                seed: a.seed,
+            };
+            match engine_sim::start(cfg, a.listen, Driver::resolve(io)) {
+                Ok(engine) => {
+                    println!("engine-sim listening on {}", engine.url());
+                    wait_for_ctrl_c();
+                    engine.stop();
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("engine-sim: could not start: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

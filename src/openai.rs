@@ -1,0 +1,386 @@
+//! Reads what routing needs from an OpenAI request body, and nothing more.
+//!
+//! The body is parsed in place with simd-json into borrowed values. simd-json
+//! rewrites its input, so it parses a copy in a per-shard scratch buffer while the
+//! original bytes go upstream untouched. Only `model`, `stream`, `max_tokens`,
+//! `user` and the prompt (`messages` or `prompt`) are read; the prompt is streamed
+//! into the orchestrator's [`PromptHasher`] without building an intermediate string.
+//! Type errors name the offending `param`, as OpenAI does.
+
+use crate::error::{ErrorKind, GatewayError};
+use radixgate_orchestrator::{model_seed, PromptHasher};
+use simd_json::prelude::*;
+use simd_json::BorrowedValue;
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+}
+
+/// The facts routing and accounting need, copied out of the parsed body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    pub model: usize,
+    pub stream: bool,
+    pub max_tokens: Option<u64>,
+    /// `stream_options.include_usage`: the client wants a final usage event.
+    pub include_usage: bool,
+    pub affinity_key: Option<u64>,
+}
+
+/// Model name → dense index, shared read-only by all shards.
+#[derive(Debug, Default)]
+pub struct ModelTable {
+    names: Vec<String>,
+    index: HashMap<String, usize>,
+    seeds: Vec<u64>,
+}
+
+impl ModelTable {
+    pub fn new(names: Vec<String>) -> Self {
+        let index = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let seeds = names.iter().map(|n| model_seed(n)).collect();
+        Self {
+            names,
+            index,
+            seeds,
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    pub fn name(&self, idx: usize) -> &str {
+        &self.names[idx]
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
+/// Per-shard reusable parsing state.
+pub struct BodyParser {
+    scratch: Vec<u8>,
+    buffers: simd_json::Buffers,
+}
+
+impl Default for BodyParser {
+    fn default() -> Self {
+        Self {
+            scratch: Vec::with_capacity(16 << 10),
+            buffers: simd_json::Buffers::new(16 << 10),
+        }
+    }
+}
+
+impl BodyParser {
+    pub fn parse(
+        &mut self,
+        endpoint: Endpoint,
+        body: &[u8],
+        models: &ModelTable,
+        hasher: &mut PromptHasher,
+    ) -> Result<RequestFacts, GatewayError> {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(body);
+        let value =
+            simd_json::borrowed::to_value_with_buffers(&mut self.scratch, &mut self.buffers)
+                .map_err(|e| {
+                    GatewayError::new(
+                        ErrorKind::MalformedJson,
+                        format!("the request body is not valid JSON: {e}"),
+                    )
+                })?;
+        if !value.is_object() {
+            return Err(GatewayError::new(
+                ErrorKind::MalformedJson,
+                "the request body must be a JSON object",
+            ));
+        }
+        let model_name = match value.get("model") {
+            None => return Err(GatewayError::invalid_param("model", "`model` is required")),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| GatewayError::invalid_param("model", "`model` must be a string"))?,
+        };
+        let model = models.get(model_name).ok_or_else(|| GatewayError {
+            kind: ErrorKind::ModelNotFound,
+            message: format!("The model `{model_name}` does not exist."),
+            param: Some("model".into()),
+        })?;
+        let stream = match value.get("stream") {
+            None => false,
+            Some(v) if v.is_null() => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                GatewayError::invalid_param("stream", "`stream` must be a boolean")
+            })?,
+        };
+        let max_tokens = optional_count(&value, "max_tokens")?
+            .or(optional_count(&value, "max_completion_tokens")?);
+        if let Some(user) = value.get("user") {
+            if !user.is_null() && user.as_str().is_none() {
+                return Err(GatewayError::invalid_param(
+                    "user",
+                    "`user` must be a string",
+                ));
+            }
+        }
+        let include_usage = value
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        hasher.reset(models.seeds[model]);
+        match endpoint {
+            Endpoint::ChatCompletions => feed_messages(&value, hasher)?,
+            Endpoint::Completions => feed_prompt(&value, hasher)?,
+        }
+        Ok(RequestFacts {
+            model,
+            stream,
+            max_tokens,
+            include_usage,
+            affinity_key: hasher.affinity_key(),
+        })
+    }
+}
+
+fn optional_count(
+    value: &BorrowedValue<'_>,
+    key: &'static str,
+) -> Result<Option<u64>, GatewayError> {
+    match value.get(key) {
+        None => Ok(None),
+        Some(v) if v.is_null() => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            GatewayError::invalid_param(key, format!("`{key}` must be a non-negative integer"))
+        }),
+    }
+}
+
+fn feed_messages(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
+    let messages = value
+        .get("messages")
+        .ok_or_else(|| GatewayError::invalid_param("messages", "`messages` is required"))?
+        .as_array()
+        .ok_or_else(|| GatewayError::invalid_param("messages", "`messages` must be an array"))?;
+    if messages.is_empty() {
+        return Err(GatewayError::invalid_param(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if !m.is_object() {
+            return Err(GatewayError::invalid_param(
+                format!("messages[{i}]"),
+                "each message must be an object",
+            ));
+        }
+        let role = m.get("role").and_then(|r| r.as_str()).ok_or_else(|| {
+            GatewayError::invalid_param(
+                format!("messages[{i}].role"),
+                "each message needs a string `role`",
+            )
+        })?;
+        let name = m.get("name").and_then(|n| n.as_str());
+        match m.get("content") {
+            None => hasher.feed_message(role, name, ""),
+            Some(c) if c.is_null() => hasher.feed_message(role, name, ""),
+            Some(c) => {
+                if let Some(text) = c.as_str() {
+                    hasher.feed_message(role, name, text);
+                } else if let Some(parts) = c.as_array() {
+                    hasher.feed_message(role, name, "");
+                    for (j, part) in parts.iter().enumerate() {
+                        hasher.feed_content_part(content_part_text(part).ok_or_else(|| {
+                            GatewayError::invalid_param(
+                                format!("messages[{i}].content[{j}]"),
+                                "content parts must be objects with a `type`",
+                            )
+                        })?);
+                    }
+                } else {
+                    return Err(GatewayError::invalid_param(
+                        format!("messages[{i}].content"),
+                        "`content` must be a string, an array of parts, or null",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The hashable text of one content part: its text, or the URL or data of an
+/// image/audio part (so identical attachments hash alike).
+fn content_part_text<'v>(part: &'v BorrowedValue<'_>) -> Option<&'v str> {
+    let kind = part.get("type")?.as_str()?;
+    match kind {
+        "text" => part.get("text")?.as_str(),
+        "image_url" => part.get("image_url")?.get("url")?.as_str().or(Some("")),
+        _ => Some(kind),
+    }
+}
+
+fn feed_prompt(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
+    let prompt = value
+        .get("prompt")
+        .ok_or_else(|| GatewayError::invalid_param("prompt", "`prompt` is required"))?;
+    let bad = || {
+        GatewayError::invalid_param(
+            "prompt",
+            "`prompt` must be a string, an array of strings, or an array of token ids",
+        )
+    };
+    if let Some(text) = prompt.as_str() {
+        hasher.feed_prompt(text);
+        return Ok(());
+    }
+    let items = prompt.as_array().ok_or_else(bad)?;
+    if items.is_empty() {
+        return Err(bad());
+    }
+    // Batched prompts and token-id prompts: hash the first prompt's content.
+    match &items[0] {
+        v if v.as_str().is_some() => {
+            if !items.iter().all(|i| i.as_str().is_some()) {
+                return Err(bad());
+            }
+            hasher.feed_prompt(v.as_str().unwrap_or(""));
+        }
+        v if v.as_u64().is_some() => {
+            hasher.feed_prompt("");
+            for t in items {
+                hasher.feed(&t.as_u64().ok_or_else(bad)?.to_le_bytes());
+            }
+        }
+        v if v.as_array().is_some() => {
+            hasher.feed_prompt("");
+            for t in v.as_array().into_iter().flatten() {
+                hasher.feed(&t.as_u64().ok_or_else(bad)?.to_le_bytes());
+            }
+        }
+        _ => return Err(bad()),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    fn parse(endpoint: Endpoint, body: &str) -> Result<RequestFacts, GatewayError> {
+        let models = ModelTable::new(vec!["sim".into()]);
+        let mut hasher = PromptHasher::new(NonZeroUsize::new(64).unwrap());
+        BodyParser::default().parse(endpoint, body.as_bytes(), &models, &mut hasher)
+    }
+
+    fn param_of(endpoint: Endpoint, body: &str) -> Option<String> {
+        parse(endpoint, body).unwrap_err().param
+    }
+
+    #[test]
+    fn reads_facts() {
+        let f = parse(
+            Endpoint::ChatCompletions,
+            r#"{"model":"sim","stream":true,"max_tokens":7,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(f.model, 0);
+        assert!(f.stream);
+        assert_eq!(f.max_tokens, Some(7));
+        assert!(f.affinity_key.is_some());
+        let c = parse(Endpoint::Completions, r#"{"model":"sim","prompt":[1,2,3]}"#).unwrap();
+        assert!(!c.stream);
+    }
+
+    #[test]
+    fn errors_name_the_param() {
+        use Endpoint::*;
+        assert_eq!(
+            parse(ChatCompletions, "{nope").unwrap_err().kind,
+            ErrorKind::MalformedJson
+        );
+        assert_eq!(
+            parse(ChatCompletions, "[1]").unwrap_err().kind,
+            ErrorKind::MalformedJson
+        );
+        assert_eq!(
+            param_of(ChatCompletions, r#"{"messages":[]}"#).as_deref(),
+            Some("model")
+        );
+        assert_eq!(
+            param_of(ChatCompletions, r#"{"model":3}"#).as_deref(),
+            Some("model")
+        );
+        assert_eq!(
+            param_of(ChatCompletions, r#"{"model":"sim"}"#).as_deref(),
+            Some("messages")
+        );
+        assert_eq!(
+            param_of(
+                ChatCompletions,
+                r#"{"model":"sim","messages":[{"content":"x"}]}"#
+            )
+            .as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param_of(
+                ChatCompletions,
+                r#"{"model":"sim","messages":[{"role":"user","content":5}]}"#
+            )
+            .as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param_of(
+                ChatCompletions,
+                r#"{"model":"sim","stream":"yes","messages":[{"role":"user","content":"x"}]}"#
+            )
+            .as_deref(),
+            Some("stream")
+        );
+        assert_eq!(
+            param_of(
+                ChatCompletions,
+                r#"{"model":"sim","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}"#
+            )
+            .as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            param_of(Completions, r#"{"model":"sim","prompt":{}}"#).as_deref(),
+            Some("prompt")
+        );
+        let e = parse(ChatCompletions, r#"{"model":"gpt-9","messages":[]}"#).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::ModelNotFound);
+        assert_eq!(e.status(), 404);
+    }
+
+    #[test]
+    fn same_prefix_same_affinity() {
+        let long = "x".repeat(200);
+        let a = parse(
+            Endpoint::ChatCompletions,
+            &format!(r#"{{"model":"sim","messages":[{{"role":"system","content":"{long}"}},{{"role":"user","content":"a"}}]}}"#),
+        )
+        .unwrap();
+        let b = parse(
+            Endpoint::ChatCompletions,
+            &format!(r#"{{"model":"sim","messages":[{{"role":"system","content":"{long}"}},{{"role":"user","content":"b"}}]}}"#),
+        )
+        .unwrap();
+        assert_eq!(a.affinity_key, b.affinity_key);
+    }
+}

@@ -1,0 +1,62 @@
+//! Per-shard pool of idle keep-alive connections to each backend.
+//!
+//! A shard owns its pool outright (no sharing, no locks). Connections are reused
+//! most-recent-first, so the warmest socket goes out and the oldest ones age out;
+//! a connection idle longer than `pool_idle_expiry` is closed instead of reused, and
+//! at most `pool_max_idle` are kept per backend.
+
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+struct IdleConn {
+    stream: TcpStream,
+    since: Instant,
+}
+
+pub struct UpstreamPool {
+    idle: Vec<VecDeque<IdleConn>>,
+    max_idle: usize,
+    expiry: Duration,
+}
+
+impl UpstreamPool {
+    pub fn new(backends: usize, max_idle: usize, expiry: Duration) -> Self {
+        Self {
+            idle: (0..backends).map(|_| VecDeque::new()).collect(),
+            max_idle,
+            expiry,
+        }
+    }
+
+    /// The most recently parked connection to `backend` that has not expired.
+    pub fn take(&mut self, backend: usize) -> Option<TcpStream> {
+        let now = Instant::now();
+        let queue = &mut self.idle[backend];
+        while let Some(front) = queue.front() {
+            if now.saturating_duration_since(front.since) < self.expiry {
+                break;
+            }
+            queue.pop_front();
+        }
+        queue.pop_back().map(|c| c.stream)
+    }
+
+    pub fn put(&mut self, backend: usize, stream: TcpStream) {
+        let queue = &mut self.idle[backend];
+        if queue.len() >= self.max_idle {
+            queue.pop_front();
+        }
+        if self.max_idle > 0 {
+            queue.push_back(IdleConn {
+                stream,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    pub fn idle(&self, backend: usize) -> usize {
+        self.idle[backend].len()
+    }
+}

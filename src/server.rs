@@ -1,0 +1,314 @@
+//! The client side of a shard: accept, read requests off keep-alive (and
+//! pipelined) connections, answer the gateway's own endpoints, hand model requests
+//! to the proxy, and turn every error into its response.
+//!
+//! A connection reads one request at a time and answers it before parsing the
+//! next, so pipelined requests are answered in order. A bad request gets its error
+//! response (and the connection is closed if its framing can no longer be trusted);
+//! nothing a client sends can panic the shard or touch another connection.
+
+use crate::error::{ErrorKind, GatewayError};
+use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
+use crate::http::request::Method;
+use crate::metrics::{self, RequestKey, ShardMetrics};
+use crate::openai::Endpoint;
+use crate::proxy;
+use crate::shard::{Shard, ShardCommand};
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::{TcpListener, TcpStream};
+use monoio::time::Instant;
+use std::fmt::Write as _;
+use std::rc::Rc;
+use std::time::Duration;
+
+pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _peer)) => {
+                let _ = stream.set_nodelay(true);
+                monoio::spawn(serve_connection(shard.clone(), stream));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(shard = shard.id, error = %e, "accept failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
+    let server = &shard.shared.config.server;
+    let limits = RequestLimits {
+        max_head_bytes: server.max_head_bytes,
+        max_body_bytes: server.max_body_bytes,
+        idle_timeout: server.client_idle_timeout,
+    };
+    let mut conn = ClientConn::new(stream, shard.take_buffer());
+    loop {
+        match conn.read_request(&limits).await {
+            Ok(ReadOutcome::Request) => {}
+            Ok(ReadOutcome::Closed) => break,
+            Err(e) => {
+                let _ = respond_error(&shard, &mut conn.stream, &e, "", false, None).await;
+                break;
+            }
+        }
+        let keep_open = handle_request(&shard, &mut conn).await;
+        if !keep_open || !conn.head.keep_alive {
+            break;
+        }
+    }
+    shard.give_buffer(conn.into_buffer());
+}
+
+/// Answers one parsed request. Returns whether the connection may stay open.
+async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
+    let started = Instant::now();
+    let mut request_id = std::mem::take(&mut conn.head.request_id);
+    if request_id.is_empty() {
+        let n = shard.rng.borrow_mut().u128(..);
+        let _ = write!(request_id, "{n:032x}");
+    }
+    let keep_alive = conn.head.keep_alive;
+    let method = conn.head.method();
+    let result = match (conn.head.route_path(), method) {
+        ("/v1/chat/completions", Method::Post) => {
+            proxy::forward(
+                shard,
+                &mut conn.stream,
+                &conn.head,
+                &conn.body,
+                Endpoint::ChatCompletions,
+                &request_id,
+                started,
+            )
+            .await
+        }
+        ("/v1/completions", Method::Post) => {
+            proxy::forward(
+                shard,
+                &mut conn.stream,
+                &conn.head,
+                &conn.body,
+                Endpoint::Completions,
+                &request_id,
+                started,
+            )
+            .await
+        }
+        ("/v1/chat/completions" | "/v1/completions", _) => Err(method_not_allowed("POST")),
+        ("/v1/models", Method::Get) => {
+            local(
+                shard,
+                &mut conn.stream,
+                200,
+                models_json(shard),
+                keep_alive,
+                &request_id,
+            )
+            .await
+        }
+        ("/health", Method::Get) => {
+            local(
+                shard,
+                &mut conn.stream,
+                200,
+                b"{\"status\":\"ok\"}".to_vec(),
+                keep_alive,
+                &request_id,
+            )
+            .await
+        }
+        ("/ready", Method::Get) => {
+            let ready = shard.fleet.borrow().any_healthy();
+            let (status, body) = if ready {
+                (200, &b"{\"status\":\"ready\"}"[..])
+            } else {
+                (503, &b"{\"status\":\"no healthy backend\"}"[..])
+            };
+            local(
+                shard,
+                &mut conn.stream,
+                status,
+                body.to_vec(),
+                keep_alive,
+                &request_id,
+            )
+            .await
+        }
+        ("/metrics", Method::Get) => {
+            let text = scrape(shard).await;
+            let resp = plain_response(
+                200,
+                "text/plain; version=0.0.4",
+                text.as_bytes(),
+                keep_alive,
+                &request_id,
+            );
+            write_local(shard, &mut conn.stream, resp, 200).await
+        }
+        ("/v1/models" | "/health" | "/ready" | "/metrics", _) => Err(method_not_allowed("GET")),
+        _ => Err(GatewayError::new(
+            ErrorKind::PathNotFound,
+            format!("no such endpoint: {}", conn.head.route_path()),
+        )),
+    };
+    let outcome = match result {
+        Ok(keep) => keep,
+        Err(e) => {
+            let allow: &[u8] = match (e.kind, conn.head.route_path()) {
+                (ErrorKind::MethodNotAllowed, "/v1/chat/completions" | "/v1/completions") => {
+                    b"Allow: POST\r\n"
+                }
+                (ErrorKind::MethodNotAllowed, _) => b"Allow: GET\r\n",
+                _ => b"",
+            };
+            respond_error(
+                shard,
+                &mut conn.stream,
+                &e,
+                &request_id,
+                keep_alive,
+                Some(allow),
+            )
+            .await
+            .is_ok()
+        }
+    };
+    conn.head.request_id = request_id;
+    outcome
+}
+
+fn method_not_allowed(allowed: &str) -> GatewayError {
+    GatewayError::new(
+        ErrorKind::MethodNotAllowed,
+        format!("method not allowed here; use {allowed}"),
+    )
+}
+
+async fn respond_error(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    e: &GatewayError,
+    request_id: &str,
+    keep_alive: bool,
+    extra: Option<&[u8]>,
+) -> std::io::Result<()> {
+    let mut headers = Vec::with_capacity(96);
+    headers.extend_from_slice(extra.unwrap_or(b""));
+    if !request_id.is_empty() {
+        let _ = write!(Utf8Vec(&mut headers), "X-Request-Id: {request_id}\r\n");
+    }
+    let resp = e.to_response(&headers, keep_alive);
+    let (r, _) = stream.write_all(resp).await;
+    let status = e.status();
+    let mut m = shard.metrics.borrow_mut();
+    m.count_request(RequestKey {
+        backend: None,
+        status,
+        reason: e.code(),
+    });
+    r.map(|_| ())
+}
+
+/// `fmt::Write` into a byte vector.
+pub struct Utf8Vec<'a>(pub &'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8Vec<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn plain_response(
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    request_id: &str,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160 + body.len());
+    let _ = write!(
+        Utf8Vec(&mut out),
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nX-Request-Id: {request_id}\r\n{}\r\n",
+        crate::error::reason_phrase(status),
+        body.len(),
+        if keep_alive { "" } else { "Connection: close\r\n" },
+    );
+    out.extend_from_slice(body);
+    out
+}
+
+async fn local(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    status: u16,
+    body: Vec<u8>,
+    keep_alive: bool,
+    request_id: &str,
+) -> Result<bool, GatewayError> {
+    let resp = plain_response(status, "application/json", &body, keep_alive, request_id);
+    write_local(shard, stream, resp, status).await
+}
+
+async fn write_local(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    resp: Vec<u8>,
+    status: u16,
+) -> Result<bool, GatewayError> {
+    let (r, _) = stream.write_all(resp).await;
+    shard.metrics.borrow_mut().count_request(RequestKey {
+        backend: None,
+        status,
+        reason: "local",
+    });
+    Ok(r.is_ok())
+}
+
+/// `GET /v1/models`: the union of the backends' models, in OpenAI's list shape.
+fn models_json(shard: &Shard) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
+    for (i, name) in shard.shared.models.names().iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        crate::error::write_json_string(&mut out, name);
+        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\"}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// Collects every shard's metrics over their command channels and renders them.
+async fn scrape(shard: &Shard) -> String {
+    let shared = &shard.shared;
+    let (tx, rx) = flume::bounded(shared.shard_commands.len());
+    let mut asked = 0;
+    for cmd in &shared.shard_commands {
+        if cmd.send(ShardCommand::CollectMetrics(tx.clone())).is_ok() {
+            asked += 1;
+        }
+    }
+    drop(tx);
+    let mut merged = ShardMetrics::new(shared.models.names().len());
+    for _ in 0..asked {
+        match monoio::time::timeout(Duration::from_secs(2), rx.recv_async()).await {
+            Ok(Ok(m)) => merged.merge(&m),
+            _ => break,
+        }
+    }
+    let in_flight: Vec<u32> = (0..shared.backend_ids.len())
+        .map(|b| shared.in_flight.total(b))
+        .collect();
+    metrics::render(
+        &merged,
+        &shared.backend_ids,
+        shared.models.names(),
+        &in_flight,
+    )
+}

@@ -1,0 +1,156 @@
+//! A shard: one monoio runtime on one (optionally pinned) core, with its own
+//! SO_REUSEPORT listener and all of its request-path state.
+//!
+//! Everything a request touches lives here, owned by the shard's thread (`Rc`,
+//! `RefCell`): the routing policies and RNG, the upstream connection pool, the
+//! parsing scratch, the metrics. The only cross-thread state on the request path is
+//! the immutable [`Shared`] (config, model table) and the relaxed in-flight counters.
+//! The coordinator reaches a shard through its command channel: new fleet snapshots,
+//! metric collection, shutdown.
+
+use crate::config::Config;
+use crate::fleet::{FleetSnapshot, InFlight};
+use crate::metrics::ShardMetrics;
+use crate::openai::{BodyParser, ModelTable};
+use crate::pool::UpstreamPool;
+use radixgate_orchestrator::{
+    build_policy, Candidate, Policy, PolicyConfig, PolicyName, PromptHasher,
+};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Read-only state shared by every shard.
+pub struct Shared {
+    pub config: Config,
+    pub models: ModelTable,
+    /// `model_backends[model]`: the backends serving that model, in config order.
+    pub model_backends: Vec<Vec<usize>>,
+    pub backend_ids: Vec<String>,
+    pub in_flight: InFlight,
+    pub shard_commands: Vec<flume::Sender<ShardCommand>>,
+    pub policy_config: PolicyConfig,
+}
+
+impl Shared {
+    pub fn new(config: Config, shard_commands: Vec<flume::Sender<ShardCommand>>) -> Shared {
+        let models = ModelTable::new(config.models());
+        let model_backends = models
+            .names()
+            .iter()
+            .map(|m| {
+                config
+                    .backends
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.models.contains(m))
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+            .collect();
+        let backend_ids: Vec<String> = config.backends.iter().map(|b| b.id.clone()).collect();
+        let policy_config = PolicyConfig {
+            backend_ids: backend_ids.clone(),
+            hash_load_factor: config.routing.hash_load_factor,
+            hash_virtual_nodes: config.routing.hash_virtual_nodes,
+        };
+        Shared {
+            in_flight: InFlight::new(config.server.shards.get(), config.backends.len()),
+            models,
+            model_backends,
+            backend_ids,
+            shard_commands,
+            policy_config,
+            config,
+        }
+    }
+}
+
+pub enum ShardCommand {
+    Fleet(Arc<FleetSnapshot>),
+    CollectMetrics(flume::Sender<ShardMetrics>),
+}
+
+/// One policy instance per name, built on first use.
+pub struct PolicySet {
+    policies: [Option<Policy>; PolicyName::ALL.len()],
+}
+
+impl PolicySet {
+    fn new() -> Self {
+        Self {
+            policies: Default::default(),
+        }
+    }
+
+    pub fn get(&mut self, name: PolicyName, config: &PolicyConfig) -> &mut Policy {
+        let slot = PolicyName::ALL.iter().position(|n| *n == name).unwrap_or(0);
+        self.policies[slot].get_or_insert_with(|| build_policy(name, config))
+    }
+}
+
+pub struct Shard {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    pub fleet: RefCell<Arc<FleetSnapshot>>,
+    pub policies: RefCell<PolicySet>,
+    pub rng: RefCell<fastrand::Rng>,
+    pub pool: RefCell<UpstreamPool>,
+    pub metrics: RefCell<ShardMetrics>,
+    pub parser: RefCell<BodyParser>,
+    pub hasher: RefCell<PromptHasher>,
+    pub candidates: RefCell<Vec<Candidate>>,
+    /// Spare I/O buffers, so requests stop allocating once the shard is warm.
+    pub buffers: RefCell<Vec<Vec<u8>>>,
+}
+
+impl Shard {
+    pub fn new(id: usize, shared: Arc<Shared>, fleet: Arc<FleetSnapshot>) -> Rc<Shard> {
+        let c = &shared.config;
+        Rc::new(Shard {
+            id,
+            fleet: RefCell::new(fleet),
+            policies: RefCell::new(PolicySet::new()),
+            rng: RefCell::new(fastrand::Rng::with_seed(0x5eed ^ id as u64)),
+            pool: RefCell::new(UpstreamPool::new(
+                c.backends.len(),
+                c.upstream.pool_max_idle,
+                c.upstream.pool_idle_expiry,
+            )),
+            metrics: RefCell::new(ShardMetrics::new(shared.models.names().len())),
+            parser: RefCell::new(BodyParser::default()),
+            hasher: RefCell::new(PromptHasher::new(c.routing.block_bytes)),
+            candidates: RefCell::new(Vec::with_capacity(c.backends.len())),
+            buffers: RefCell::new(Vec::new()),
+            shared,
+        })
+    }
+
+    pub fn take_buffer(&self) -> Vec<u8> {
+        self.buffers
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(16 << 10))
+    }
+
+    pub fn give_buffer(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let mut spare = self.buffers.borrow_mut();
+        if spare.len() < 64 && buf.capacity() <= (1 << 20) {
+            spare.push(buf);
+        }
+    }
+
+    /// Applies coordinator commands between requests.
+    pub async fn command_loop(self: Rc<Self>, commands: flume::Receiver<ShardCommand>) {
+        while let Ok(cmd) = commands.recv_async().await {
+            match cmd {
+                ShardCommand::Fleet(snapshot) => *self.fleet.borrow_mut() = snapshot,
+                ShardCommand::CollectMetrics(reply) => {
+                    let copy = self.metrics.borrow().clone();
+                    let _ = reply.send(copy);
+                }
+            }
+        }
+    }
+}
