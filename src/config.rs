@@ -251,6 +251,8 @@ impl Config {
         }
     }
 
+    /// Reads a config file (at start-up, on the main thread).
+    #[allow(clippy::disallowed_methods)]
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigErrors> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigErrors(vec![format!("{}: {e}", path.display())]))?;

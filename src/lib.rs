@@ -7,6 +7,8 @@
 //! decision comes from the `radixgate-orchestrator` crate (the "brain"). See
 //! DESIGN.md for the map.
 
+#![deny(clippy::await_holding_refcell_ref)]
+
 pub mod config;
 pub mod coordinator;
 pub mod demo;

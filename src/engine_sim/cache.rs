@@ -27,6 +27,10 @@ impl PrefixCache {
         self.last_used.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.last_used.is_empty()
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

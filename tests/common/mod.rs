@@ -1,0 +1,361 @@
+//! Shared helpers for the integration tests: start a gateway and upstreams in
+//! process on ephemeral ports, and speak raw HTTP/1.1 to them over real sockets.
+
+#![allow(dead_code)]
+
+use radixgate::config::Config;
+use radixgate::engine_sim::{self, EngineConfig, EngineHandle};
+use radixgate::runtime::Driver;
+use radixgate::Gateway;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Generates one test per I/O driver from `fn(driver: &str)`.
+#[macro_export]
+macro_rules! both_drivers {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn io_uring() {
+                super::$name("io_uring");
+            }
+            #[test]
+            fn epoll() {
+                super::$name("epoll");
+            }
+        }
+    };
+}
+
+pub fn driver(io: &str) -> Driver {
+    match io {
+        "io_uring" => Driver::IoUring,
+        _ => Driver::Epoll,
+    }
+}
+
+pub fn start_engine(io: &str, config: EngineConfig) -> EngineHandle {
+    engine_sim::start(config, "127.0.0.1:0".parse().unwrap(), driver(io)).expect("engine starts")
+}
+
+/// Starts a gateway on an ephemeral port. `extra` is TOML appended after the
+/// `[server]` section (so it may add keys to `[server]` first, then other tables);
+/// `backends` are `(id, url, model)`.
+pub fn start_gateway(
+    io: &str,
+    shards: usize,
+    extra: &str,
+    backends: &[(&str, String, &str)],
+) -> Gateway {
+    let mut toml =
+        format!("[server]\nlisten = \"127.0.0.1:0\"\nshards = {shards}\nio = \"{io}\"\n{extra}\n");
+    for (id, url, model) in backends {
+        toml.push_str(&format!(
+            "\n[[backends]]\nid = \"{id}\"\nurl = \"{url}\"\nmodels = [\"{model}\"]\n"
+        ));
+    }
+    let config =
+        Config::from_toml(&toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
+    Gateway::start(config).expect("gateway starts")
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// The body as it came on the wire (chunk framing included).
+    pub raw_body: Vec<u8>,
+    /// The decoded body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// `error.param` / `error.code` of an OpenAI-shaped error.
+    pub fn error_param_code(&self) -> (Option<String>, String) {
+        let v = self.json();
+        let e = &v["error"];
+        assert!(e["message"].is_string(), "no error.message in {v}");
+        assert!(e["type"].is_string(), "no error.type in {v}");
+        (
+            e["param"].as_str().map(String::from),
+            e["code"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+}
+
+/// A raw HTTP/1.1 client connection.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client {
+            reader: BufReader::new(stream),
+        }
+    }
+
+    pub fn stream(&mut self) -> &mut TcpStream {
+        self.reader.get_mut()
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.reader.get_mut().write_all(bytes).expect("write");
+    }
+
+    pub fn post(&mut self, path: &str, body: &str, headers: &[(&str, &str)]) -> Response {
+        self.send(&post_bytes(path, body, headers));
+        self.read_response()
+    }
+
+    pub fn get(&mut self, path: &str) -> Response {
+        self.send(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
+        self.read_response()
+    }
+
+    pub fn read_head(&mut self) -> (u16, Vec<(String, String)>) {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("status line");
+        assert!(line.starts_with("HTTP/1.1 "), "bad status line {line:?}");
+        let status: u16 = line[9..12].parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            self.reader.read_line(&mut h).expect("header line");
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (n, v) = h.split_once(':').expect("header colon");
+            headers.push((n.trim().to_string(), v.trim().to_string()));
+        }
+        (status, headers)
+    }
+
+    pub fn read_response(&mut self) -> Response {
+        let (status, headers) = self.read_head();
+        let get = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        let mut raw_body = Vec::new();
+        let mut body = Vec::new();
+        if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            loop {
+                let mut size_line = String::new();
+                self.reader.read_line(&mut size_line).expect("chunk size");
+                raw_body.extend_from_slice(size_line.as_bytes());
+                let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap(), 16)
+                    .expect("hex chunk size");
+                let mut data = vec![0; size + 2];
+                self.reader.read_exact(&mut data).expect("chunk data");
+                raw_body.extend_from_slice(&data);
+                body.extend_from_slice(&data[..size]);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else if let Some(len) = get("content-length") {
+            let mut data = vec![0; len.parse().unwrap()];
+            self.reader.read_exact(&mut data).expect("body");
+            raw_body = data.clone();
+            body = data;
+        } else if status != 100 {
+            self.reader.read_to_end(&mut body).expect("body to close");
+            raw_body = body.clone();
+        }
+        Response {
+            status,
+            headers,
+            raw_body,
+            body,
+        }
+    }
+
+    /// True once the server has closed the connection.
+    pub fn is_closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(self.reader.read(&mut byte), Ok(0))
+    }
+}
+
+pub fn post_bytes(path: &str, body: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut req = format!("POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for (n, v) in headers {
+        req.push_str(&format!("{n}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    req.into_bytes()
+}
+
+pub fn chat_body(content: &str, stream: bool) -> String {
+    format!(
+        r#"{{"model":"sim","stream":{stream},"max_tokens":4,"stream_options":{{"include_usage":{stream}}},"messages":[{{"role":"user","content":"{content}"}}]}}"#
+    )
+}
+
+/// Polls `f` until it returns true or `limit` passes.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// The value of a metric line starting with `prefix` (name plus labels).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+// === a scripted upstream ===
+
+/// What a [`ScriptedUpstream`] received: request head and body.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+#[derive(Clone)]
+pub enum Script {
+    /// Answer every request with these raw bytes (written in the given pieces,
+    /// flushing each).
+    Reply(Vec<Vec<u8>>),
+    /// Read the request and never answer.
+    Silent,
+}
+
+/// A hand-written HTTP/1.1 upstream on a std thread: records what it receives and
+/// answers with scripted bytes. Answers `GET /health` with 200 (for the coordinator).
+pub struct ScriptedUpstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+impl ScriptedUpstream {
+    pub fn start(script: Script) -> ScriptedUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (s, c) = (seen.clone(), connections.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (s, c, script) = (s.clone(), c.clone(), script.clone());
+                std::thread::spawn(move || serve_scripted(stream, script, s, c));
+            }
+        });
+        ScriptedUpstream {
+            addr,
+            seen,
+            connections,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve_scripted(
+    stream: TcpStream,
+    script: Script,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    conns: Arc<AtomicUsize>,
+) {
+    let mut reader = BufReader::new(stream);
+    let mut counted = false;
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            head.push_str(&line);
+            if line == "\r\n" {
+                break;
+            }
+        }
+        if head.starts_with("GET /health") {
+            let _ = reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            return;
+        }
+        if !counted {
+            conns.fetch_add(1, Ordering::SeqCst);
+            counted = true;
+        }
+        let len = head
+            .lines()
+            .find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        seen.lock().unwrap().push(Seen { head, body });
+        match &script {
+            Script::Silent => {
+                let mut sink = [0u8; 64];
+                let _ = reader.read(&mut sink);
+                return;
+            }
+            Script::Reply(pieces) => {
+                for p in pieces {
+                    if reader.get_mut().write_all(p).is_err() {
+                        return;
+                    }
+                    reader.get_mut().flush().ok();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+}
