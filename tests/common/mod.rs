@@ -2,6 +2,8 @@
 //! process on ephemeral ports, and speak raw HTTP/1.1 to them over real sockets.
 
 #![allow(dead_code)]
+// Test threads are not shard threads: blocking waits are fine here.
+#![allow(clippy::disallowed_methods)]
 
 use radixgate::config::Config;
 use radixgate::engine_sim::{self, EngineConfig, EngineHandle};

@@ -1,0 +1,193 @@
+//! Streaming lifecycles against simulated engines: disconnects, aborted upstream
+//! streams, concurrent traffic beside bad clients, and the routing policies seen
+//! from outside. Both I/O drivers.
+
+mod common;
+
+use common::*;
+use radixgate::engine_sim::EngineConfig;
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+fn slow_engine(io: &str) -> radixgate::engine_sim::EngineHandle {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.decode_per_token = Duration::from_millis(20);
+    start_engine(io, cfg)
+}
+
+fn stream_body(tokens: u32) -> String {
+    format!(
+        r#"{{"model":"sim","stream":true,"max_tokens":{tokens},"messages":[{{"role":"user","content":"tell me a long story"}}]}}"#
+    )
+}
+
+fn client_disconnect_mid_stream_releases_everything(io: &str) {
+    let engine = slow_engine(io);
+    let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    let mut c = Client::connect(addr);
+    c.send(&post_bytes("/v1/chat/completions", &stream_body(200), &[]));
+    let (status, _) = c.read_head();
+    assert_eq!(status, 200);
+    // Read the first event, then vanish.
+    let mut reader = BufReader::new(c.stream().try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    drop(reader);
+    drop(c);
+
+    let engine_addr = engine.addr();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let gw_metrics = Client::connect(addr).get("/metrics").text();
+            let en_metrics = Client::connect(engine_addr).get("/metrics").text();
+            metric(&gw_metrics, "radixgate_backend_in_flight{backend=\"e0\"}") == Some(0.0)
+                && metric(&en_metrics, "vllm:num_requests_running") == Some(0.0)
+        }),
+        "in-flight or engine slot not released after the client left"
+    );
+    // The gateway still serves new streams.
+    let r = Client::connect(addr).post("/v1/chat/completions", &stream_body(2), &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+}
+both_drivers!(client_disconnect_mid_stream_releases_everything);
+
+fn upstream_abort_mid_stream_closes_client(io: &str) {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.abort_rate = 1.0;
+    let engine = start_engine(io, cfg);
+    let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
+    let mut c = Client::connect(gw.local_addr());
+    c.send(&post_bytes("/v1/chat/completions", &stream_body(10), &[]));
+    let (status, _) = c.read_head();
+    assert_eq!(status, 200);
+    // The stream breaks off: the client sees the connection end without the
+    // terminating chunk, never a duplicated or invented token.
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(c.stream(), &mut rest);
+    let text = String::from_utf8_lossy(&rest);
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert!(!text.ends_with("0\r\n\r\n"));
+    // Other requests are unaffected.
+    let healthy = start_engine(io, EngineConfig::instant("sim"));
+    let gw2 = start_gateway(io, 1, "", &[("e0", healthy.url(), "sim")]);
+    assert_eq!(
+        Client::connect(gw2.local_addr())
+            .post("/v1/chat/completions", &stream_body(3), &[])
+            .status,
+        200
+    );
+}
+both_drivers!(upstream_abort_mid_stream_closes_client);
+
+fn bad_clients_do_not_disturb_a_stream(io: &str) {
+    let engine = slow_engine(io);
+    let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    let mut good = Client::connect(addr);
+    good.send(&post_bytes("/v1/chat/completions", &stream_body(15), &[]));
+    // Meanwhile, on the same shard: garbage, a truncated body, a half-open head.
+    let mut g1 = Client::connect(addr);
+    g1.send(b"\x00\x01\x02garbage\r\n\r\n");
+    assert_eq!(g1.read_response().status, 400);
+    let mut g2 = Client::connect(addr);
+    g2.send(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"mod");
+    drop(g2);
+    let mut g3 = Client::connect(addr);
+    g3.send(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Le");
+    let r = good.read_response();
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert_eq!(text.matches("\"delta\":{\"content\"").count(), 15, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    drop(g3);
+}
+both_drivers!(bad_clients_do_not_disturb_a_stream);
+
+fn round_robin_spreads_and_consistent_hash_sticks(io: &str) {
+    let engines: Vec<_> = (0..3)
+        .map(|_| start_engine(io, EngineConfig::instant("sim")))
+        .collect();
+    let backends: Vec<_> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (["e0", "e1", "e2"][i], e.url(), "sim"))
+        .collect();
+    let gw = start_gateway(io, 1, "[routing]\nallow_policy_header = true", &backends);
+    let mut c = Client::connect(gw.local_addr());
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..6 {
+        let r = c.post(
+            "/v1/chat/completions",
+            &chat_body(&format!("q{i}"), false),
+            &[],
+        );
+        seen.insert(r.header("x-router-backend").unwrap().to_string());
+    }
+    assert_eq!(seen.len(), 3, "round robin used every backend");
+
+    // Same long prefix, different questions: one backend.
+    let doc = "d".repeat(300);
+    let mut homes = std::collections::HashSet::new();
+    for q in 0..6 {
+        let body = format!(
+            r#"{{"model":"sim","messages":[{{"role":"system","content":"{doc}"}},{{"role":"user","content":"question {q}"}}]}}"#
+        );
+        let r = c.post(
+            "/v1/chat/completions",
+            &body,
+            &[("X-Router-Policy", "consistent_hash")],
+        );
+        assert_eq!(r.header("x-router-reason"), Some("hash-ring"));
+        homes.insert(r.header("x-router-backend").unwrap().to_string());
+    }
+    assert_eq!(homes.len(), 1, "one prefix, one home: {homes:?}");
+    // The engine saw the shared prefix as cached after the first request.
+    let r = c.post(
+        "/v1/chat/completions",
+        &format!(r#"{{"model":"sim","messages":[{{"role":"system","content":"{doc}"}},{{"role":"user","content":"again"}}]}}"#),
+        &[("X-Router-Policy", "consistent_hash")],
+    );
+    assert!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+both_drivers!(round_robin_spreads_and_consistent_hash_sticks);
+
+fn least_loaded_avoids_the_busy_backend(io: &str) {
+    // Both slow, so the long stream keeps its backend busy wherever it lands.
+    let busy = slow_engine(io);
+    let idle = slow_engine(io);
+    let gw = start_gateway(
+        io,
+        2,
+        "[routing]\npolicy = \"least_loaded\"",
+        &[("busy", busy.url(), "sim"), ("idle", idle.url(), "sim")],
+    );
+    let addr = gw.local_addr();
+    // Pin a long stream to whichever backend least_loaded picks first...
+    let mut long = Client::connect(addr);
+    long.send(&post_bytes("/v1/chat/completions", &stream_body(100), &[]));
+    let (_, headers) = long.read_head();
+    let first = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-router-backend"))
+        .unwrap()
+        .1
+        .clone();
+    // ...then every short request, on any shard, goes to the other one.
+    for _ in 0..6 {
+        let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("short", false), &[]);
+        assert_ne!(
+            r.header("x-router-backend").unwrap(),
+            first,
+            "in-flight is counted across shards"
+        );
+        assert_eq!(r.header("x-router-reason"), Some("least-loaded"));
+    }
+}
+both_drivers!(least_loaded_avoids_the_busy_backend);
