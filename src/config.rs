@@ -79,6 +79,17 @@ struct RoutingWire {
     hash_load_factor: f64,
     /// consistent_hash: virtual nodes per backend on the ring.
     hash_virtual_nodes: u32,
+    /// Prompt bytes per token, to turn blocks into token estimates.
+    bytes_per_token: f64,
+    /// Bound on the prefix index's size, in blocks, across all backends.
+    index_max_blocks: usize,
+    /// How long a conversation stays bound to its backend after its last request
+    /// (`X-Session-ID`).
+    session_ttl_ms: u64,
+    /// Bound on the number of session bindings kept.
+    max_sessions: usize,
+    /// Knobs of the `prefix_aware` policy.
+    prefix_aware: PrefixAwareWire,
 }
 
 impl Default for RoutingWire {
@@ -89,6 +100,40 @@ impl Default for RoutingWire {
             block_bytes: 64,
             hash_load_factor: 1.25,
             hash_virtual_nodes: 160,
+            bytes_per_token: 4.0,
+            index_max_blocks: 1 << 20,
+            session_ttl_ms: 30 * 60 * 1000,
+            max_sessions: 100_000,
+            prefix_aware: PrefixAwareWire::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct PrefixAwareWire {
+    /// Below this many matched blocks the policy behaves as least-loaded.
+    min_match_blocks: u32,
+    /// A backend with this many requests in flight (plus its engine queue) is
+    /// saturated: affinity yields and the prefix spills to a second holder.
+    saturation_inflight: u32,
+    /// Estimated TTFTs within this fraction of the best count as a tie.
+    hysteresis: f64,
+    /// Expected queueing delay each request ahead adds, in milliseconds.
+    queue_ms_per_request: f64,
+    /// Prefill cost per uncached prompt token until one is learned, in microseconds.
+    prefill_us_per_token: f64,
+}
+
+impl Default for PrefixAwareWire {
+    fn default() -> Self {
+        let d = radixgate_orchestrator::PrefixAwareConfig::default();
+        Self {
+            min_match_blocks: d.min_match_blocks,
+            saturation_inflight: d.saturation_inflight,
+            hysteresis: d.hysteresis,
+            queue_ms_per_request: d.queue_ns_per_request as f64 / 1e6,
+            prefill_us_per_token: d.default_prefill_ns_per_token as f64 / 1e3,
         }
     }
 }
@@ -153,6 +198,14 @@ struct BackendWire {
     url: String,
     /// Model names this backend serves.
     models: Vec<String>,
+    /// The engine's KV-cache capacity in prompt blocks (`routing.block_bytes` each):
+    /// the prefix index forgets this backend's least recently used blocks beyond it.
+    #[serde(default = "default_cache_blocks")]
+    cache_blocks: usize,
+}
+
+fn default_cache_blocks() -> usize {
+    16384
 }
 
 // === runtime config ===
@@ -183,6 +236,11 @@ pub struct RoutingConfig {
     pub block_bytes: NonZeroUsize,
     pub hash_load_factor: f64,
     pub hash_virtual_nodes: u32,
+    pub bytes_per_token: f64,
+    pub index_max_blocks: usize,
+    pub session_ttl: Duration,
+    pub max_sessions: usize,
+    pub prefix_aware: radixgate_orchestrator::PrefixAwareConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -209,6 +267,7 @@ pub struct BackendConfig {
     /// Value for the upstream `Host` header.
     pub host: String,
     pub models: Vec<String>,
+    pub cache_blocks: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -353,12 +412,51 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if r.hash_virtual_nodes == 0 {
         errors.push("routing.hash_virtual_nodes: must be at least 1".into());
     }
+    if !(r.bytes_per_token > 0.0 && r.bytes_per_token.is_finite()) {
+        errors.push("routing.bytes_per_token: must be a positive number".into());
+    }
+    if r.index_max_blocks == 0 {
+        errors.push("routing.index_max_blocks: must be at least 1".into());
+    }
+    if r.max_sessions == 0 {
+        errors.push("routing.max_sessions: must be at least 1".into());
+    }
+    let p = r.prefix_aware;
+    if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
+        errors.push("routing.prefix_aware.hysteresis: must be a non-negative number".into());
+    }
+    if !(p.queue_ms_per_request >= 0.0 && p.queue_ms_per_request.is_finite()) {
+        errors.push(
+            "routing.prefix_aware.queue_ms_per_request: must be a non-negative number".into(),
+        );
+    }
+    if !(p.prefill_us_per_token >= 0.0 && p.prefill_us_per_token.is_finite()) {
+        errors.push(
+            "routing.prefix_aware.prefill_us_per_token: must be a non-negative number".into(),
+        );
+    }
+    if p.saturation_inflight == 0 {
+        errors.push("routing.prefix_aware.saturation_inflight: must be at least 1".into());
+    }
+    let prefix_aware = radixgate_orchestrator::PrefixAwareConfig {
+        tokens_per_block: block_bytes.get() as f64 / r.bytes_per_token,
+        default_prefill_ns_per_token: (p.prefill_us_per_token * 1e3) as u32,
+        queue_ns_per_request: (p.queue_ms_per_request * 1e6) as u64,
+        min_match_blocks: p.min_match_blocks,
+        saturation_inflight: p.saturation_inflight,
+        hysteresis: p.hysteresis,
+    };
     let routing = RoutingConfig {
         policy,
         allow_policy_header: r.allow_policy_header,
         block_bytes,
         hash_load_factor: r.hash_load_factor,
         hash_virtual_nodes: r.hash_virtual_nodes,
+        bytes_per_token: r.bytes_per_token,
+        index_max_blocks: r.index_max_blocks,
+        session_ttl: millis(r.session_ttl_ms, "routing.session_ttl_ms", errors),
+        max_sessions: r.max_sessions,
+        prefix_aware,
     };
 
     let u = wire.upstream;
@@ -405,6 +503,9 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
             errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
         }
+        if b.cache_blocks == 0 {
+            errors.push(format!("backends[{i}].cache_blocks: must be at least 1"));
+        }
         if b.models.is_empty() {
             errors.push(format!("backends[{i}].models: list at least one model"));
         }
@@ -420,6 +521,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             addr,
             host,
             models: b.models,
+            cache_blocks: b.cache_blocks,
         });
     }
     Config {

@@ -1,90 +1,158 @@
-//! The coordinator thread: the fleet's source of truth off the request path.
+//! The coordinator thread: the fleet's source of truth, off the request path.
 //!
-//! It runs active health checks (`GET /health` on every backend each
-//! `health.interval`, with thresholds for flipping state) and publishes a new
-//! immutable [`FleetSnapshot`] to every shard whenever the picture changes. It may
-//! block (plain std sockets with timeouts): it never runs on a shard's core unless
-//! pinned there.
+//! It owns the authoritative prefix index and session table, numbers and fans out
+//! the index events shards send it (see [`crate::replica`]), and turns health-check
+//! results into immutable [`FleetSnapshot`]s published to every shard on change. The
+//! health checks themselves run on their own thread ([`run_health_checks`]) so a
+//! slow backend never delays replication.
 
 use crate::config::{BackendConfig, HealthConfig};
 use crate::fleet::FleetSnapshot;
-use crate::shard::ShardCommand;
-use crossbeam_channel::{select, Receiver};
+use crate::replica::{IndexEvent, SessionTable};
+use crate::shard::{ShardCommand, Shared};
+use crossbeam_channel::{select, Receiver, Sender};
+use radixgate_orchestrator::{IndexConfig, PrefixIndex};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub struct HealthReport {
+    pub backend: usize,
+    pub ok: bool,
+}
+
 pub struct Coordinator {
-    backends: Vec<BackendConfig>,
-    health: HealthConfig,
-    shards: Vec<flume::Sender<ShardCommand>>,
+    shared: Arc<Shared>,
     healthy: Vec<bool>,
     passes: Vec<u32>,
     failures: Vec<u32>,
     version: u64,
+    index: PrefixIndex,
+    sessions: SessionTable,
 }
 
 impl Coordinator {
-    pub fn new(
-        backends: Vec<BackendConfig>,
-        health: HealthConfig,
-        shards: Vec<flume::Sender<ShardCommand>>,
-    ) -> Self {
-        let n = backends.len();
+    pub fn new(shared: Arc<Shared>) -> Self {
+        let n = shared.config.backends.len();
+        let index = new_index(&shared);
+        let sessions = SessionTable::new(
+            shared.config.routing.session_ttl.as_millis() as u64,
+            shared.config.routing.max_sessions,
+        );
         Self {
-            backends,
-            health,
-            shards,
+            shared,
             healthy: vec![true; n],
             passes: vec![0; n],
             failures: vec![0; n],
             version: 0,
+            index,
+            sessions,
         }
     }
 
-    /// Runs until `stop` fires (or its sender is dropped).
-    pub fn run(mut self, stop: Receiver<()>) {
+    /// Runs until `stop` is dropped or fires.
+    pub fn run(
+        mut self,
+        stop: Receiver<()>,
+        events: Receiver<IndexEvent>,
+        health: Receiver<HealthReport>,
+    ) {
         loop {
-            self.check_round();
             select! {
                 recv(stop) -> _ => return,
-                default(self.health.interval) => {}
+                recv(events) -> ev => match ev {
+                    Ok(ev) => self.replicate(ev),
+                    Err(_) => return,
+                },
+                recv(health) -> report => {
+                    if let Ok(r) = report {
+                        self.on_health(r);
+                    }
+                }
             }
         }
     }
 
-    fn check_round(&mut self) {
-        let mut changed = false;
-        for i in 0..self.backends.len() {
-            let ok = probe_health(&self.backends[i], self.health.timeout);
-            if ok {
-                self.passes[i] += 1;
-                self.failures[i] = 0;
-                if !self.healthy[i] && self.passes[i] >= self.health.healthy_threshold {
-                    self.healthy[i] = true;
-                    changed = true;
-                    tracing::info!(backend = %self.backends[i].id, "backend is healthy again");
-                }
-            } else {
-                self.failures[i] += 1;
-                self.passes[i] = 0;
-                if self.healthy[i] && self.failures[i] >= self.health.unhealthy_threshold {
-                    self.healthy[i] = false;
-                    changed = true;
-                    tracing::warn!(backend = %self.backends[i].id, "backend failed its health checks");
-                }
+    fn replicate(&mut self, event: IndexEvent) {
+        event.apply(&mut self.index, &mut self.sessions);
+        self.shared
+            .index_blocks
+            .store(self.index.total_blocks() as u64, Ordering::Relaxed);
+        let event = Arc::new(event);
+        for (k, shard) in self.shared.shard_commands.iter().enumerate() {
+            if k != event.origin_shard && shard.send(ShardCommand::Replicate(event.clone())).is_ok()
+            {
+                self.shared.replica_sent.add(k);
             }
         }
+    }
+
+    fn on_health(&mut self, r: HealthReport) {
+        let i = r.backend;
+        let thresholds = &self.shared.config.health;
+        let id = &self.shared.config.backends[i].id;
+        let changed = if r.ok {
+            self.passes[i] += 1;
+            self.failures[i] = 0;
+            let up = !self.healthy[i] && self.passes[i] >= thresholds.healthy_threshold;
+            if up {
+                tracing::info!(backend = %id, "backend is healthy again");
+            }
+            up
+        } else {
+            self.failures[i] += 1;
+            self.passes[i] = 0;
+            let down = self.healthy[i] && self.failures[i] >= thresholds.unhealthy_threshold;
+            if down {
+                tracing::warn!(backend = %id, "backend failed its health checks");
+            }
+            down
+        };
         if changed {
+            self.healthy[i] = r.ok;
             self.version += 1;
             let snapshot = Arc::new(FleetSnapshot {
                 version: self.version,
                 healthy: self.healthy.clone().into_boxed_slice(),
             });
-            for s in &self.shards {
+            for s in &self.shared.shard_commands {
                 let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
             }
+        }
+    }
+}
+
+/// A prefix index with every backend declared at its configured capacity.
+pub fn new_index(shared: &Shared) -> PrefixIndex {
+    let mut index = PrefixIndex::new(IndexConfig {
+        max_blocks: shared.config.routing.index_max_blocks,
+    });
+    for (i, b) in shared.config.backends.iter().enumerate() {
+        index.set_capacity(i, b.cache_blocks);
+    }
+    index
+}
+
+/// The health-check thread: probes every backend each interval and reports to the
+/// coordinator. Ends when `stop` is dropped or fires.
+pub fn run_health_checks(
+    backends: Vec<BackendConfig>,
+    health: HealthConfig,
+    reports: Sender<HealthReport>,
+    stop: Receiver<()>,
+) {
+    loop {
+        for (i, b) in backends.iter().enumerate() {
+            let ok = probe_health(b, health.timeout);
+            if reports.send(HealthReport { backend: i, ok }).is_err() {
+                return;
+            }
+        }
+        select! {
+            recv(stop) -> _ => return,
+            default(health.interval) => {}
         }
     }
 }

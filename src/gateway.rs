@@ -5,7 +5,7 @@
 //! (a test, the demo) knows the port at once and never waits for start-up.
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{run_health_checks, Coordinator};
 use crate::fleet::FleetSnapshot;
 use crate::runtime::{bind_reuseport, Driver, ShardRuntime};
 use crate::server::accept_loop;
@@ -20,7 +20,8 @@ pub struct Gateway {
     driver: Driver,
     shard_threads: Vec<JoinHandle<()>>,
     shard_stops: Vec<flume::Sender<()>>,
-    coordinator: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
+    /// Dropping the sender stops the coordinator and health threads.
+    control: Option<(crossbeam_channel::Sender<()>, Vec<JoinHandle<()>>)>,
 }
 
 impl Gateway {
@@ -37,10 +38,11 @@ impl Gateway {
         }
 
         let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
+        let (events_tx, events_rx) = crossbeam_channel::unbounded();
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;
-        let shared = Arc::new(Shared::new(config, cmd_txs.clone()));
+        let shared = Arc::new(Shared::new(config, cmd_txs, events_tx));
         let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
 
         let mut shard_threads = Vec::with_capacity(shards);
@@ -86,21 +88,30 @@ impl Gateway {
             shard_threads.push(handle);
         }
 
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
-        let coordinator = Coordinator::new(
-            shared.config.backends.clone(),
-            shared.config.health.clone(),
-            cmd_txs,
-        );
+        // Dropping `stop_tx` ends the coordinator and the health checker.
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let (health_tx, health_rx) = crossbeam_channel::unbounded();
+        let coordinator = Coordinator::new(shared.clone());
         let coordinator_core_id =
             coordinator_core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
+        let coord_stop = stop_rx.clone();
         let coord_handle = std::thread::Builder::new()
             .name("radixgate-coord".into())
             .spawn(move || {
                 if let Some(core) = coordinator_core_id {
                     core_affinity::set_for_current(core);
                 }
-                coordinator.run(stop_rx)
+                coordinator.run(coord_stop, events_rx, health_rx)
+            })?;
+        let backends = shared.config.backends.clone();
+        let health = shared.config.health.clone();
+        let health_handle = std::thread::Builder::new()
+            .name("radixgate-health".into())
+            .spawn(move || {
+                if let Some(core) = coordinator_core_id {
+                    core_affinity::set_for_current(core);
+                }
+                run_health_checks(backends, health, health_tx, stop_rx)
             })?;
         tracing::info!(%addr, shards, driver = driver.as_str(), "radixgate listening");
         Ok(Gateway {
@@ -108,7 +119,7 @@ impl Gateway {
             driver,
             shard_threads,
             shard_stops,
-            coordinator: Some((stop_tx, coord_handle)),
+            control: Some((stop_tx, vec![coord_handle, health_handle])),
         })
     }
 
@@ -132,9 +143,11 @@ impl Gateway {
         for t in self.shard_threads.drain(..) {
             let _ = t.join();
         }
-        if let Some((stop, handle)) = self.coordinator.take() {
-            let _ = stop.send(());
-            let _ = handle.join();
+        if let Some((stop, handles)) = self.control.take() {
+            drop(stop);
+            for h in handles {
+                let _ = h.join();
+            }
         }
     }
 }

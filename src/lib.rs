@@ -22,6 +22,7 @@ pub mod observe;
 pub mod openai;
 pub mod pool;
 pub mod proxy;
+pub mod replica;
 pub mod runtime;
 pub mod server;
 pub mod shard;

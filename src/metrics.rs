@@ -61,6 +61,10 @@ pub struct RequestKey {
 
 #[derive(Debug, Clone, Default)]
 pub struct ShardMetrics {
+    /// Filled in when collected: which shard, its replica's size and learned costs.
+    pub shard: usize,
+    pub replica_blocks: u64,
+    pub prefill_ns: Vec<u32>,
     pub requests: HashMap<RequestKey, u64>,
     /// Per model index.
     pub ttft: Vec<Histogram>,
@@ -69,13 +73,30 @@ pub struct ShardMetrics {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// Index events from other shards applied to this shard's replica.
+    pub replica_applied: u64,
+    /// Age of each replicated event when this shard applied it.
+    pub replica_age: Histogram,
+    /// Per backend: cached prompt tokens the index predicted for the requests routed
+    /// there, what the engine reported, and the absolute difference.
+    pub predicted_cached: Vec<u64>,
+    pub reported_cached: Vec<u64>,
+    pub prediction_abs_error: Vec<u64>,
+    /// Per backend: prompt blocks matched in the index for the requests routed there.
+    pub matched_blocks: Vec<u64>,
+    /// Decision time (parse + hash + match + pick), in the routing-decision histogram.
+    pub decision: Histogram,
 }
 
 impl ShardMetrics {
-    pub fn new(models: usize) -> Self {
+    pub fn new(models: usize, backends: usize) -> Self {
         Self {
             ttft: vec![Histogram::default(); models],
             total: vec![Histogram::default(); models],
+            predicted_cached: vec![0; backends],
+            reported_cached: vec![0; backends],
+            prediction_abs_error: vec![0; backends],
+            matched_blocks: vec![0; backends],
             ..Default::default()
         }
     }
@@ -97,62 +118,201 @@ impl ShardMetrics {
         self.prompt_tokens += other.prompt_tokens;
         self.cached_tokens += other.cached_tokens;
         self.completion_tokens += other.completion_tokens;
+        self.replica_applied += other.replica_applied;
+        self.replica_age.merge(&other.replica_age);
+        self.decision.merge(&other.decision);
+        for (a, b) in [
+            (&mut self.predicted_cached, &other.predicted_cached),
+            (&mut self.reported_cached, &other.reported_cached),
+            (&mut self.prediction_abs_error, &other.prediction_abs_error),
+            (&mut self.matched_blocks, &other.matched_blocks),
+        ] {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
     }
 }
 
-/// Renders merged metrics. `in_flight[i]` is the current count for backend `i`.
-pub fn render(
-    merged: &ShardMetrics,
-    backend_ids: &[String],
-    models: &[String],
-    in_flight: &[u32],
-) -> String {
+/// Gateway-wide values read at scrape time.
+pub struct Gauges<'a> {
+    pub backend_ids: &'a [String],
+    pub models: &'a [String],
+    /// Current in-flight count per backend.
+    pub in_flight: &'a [u32],
+    /// Index events the coordinator has sent each shard.
+    pub replica_sent: &'a [u64],
+    /// Blocks in the coordinator's authoritative index.
+    pub index_blocks: u64,
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Merges every shard's copy and renders Prometheus text.
+pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
+    let mut merged = ShardMetrics::new(g.models.len(), g.backend_ids.len());
+    for s in shards {
+        merged.merge(s);
+    }
     let mut out = String::with_capacity(8 << 10);
-    out.push_str("# HELP radixgate_requests_total Requests answered, by backend, HTTP status and routing reason.\n");
-    out.push_str("# TYPE radixgate_requests_total counter\n");
+    header(
+        &mut out,
+        "radixgate_requests_total",
+        "counter",
+        "Requests answered, by backend, HTTP status and routing reason (or error code).",
+    );
     let mut rows: Vec<_> = merged.requests.iter().collect();
     rows.sort_by_key(|(k, _)| (k.backend, k.status, k.reason));
     for (k, v) in rows {
-        let backend = k.backend.map_or("none", |b| backend_ids[b].as_str());
+        let backend = k.backend.map_or("none", |b| g.backend_ids[b].as_str());
         let _ = writeln!(
             out,
             "radixgate_requests_total{{backend=\"{backend}\",status=\"{}\",reason=\"{}\"}} {v}",
             k.status, k.reason
         );
     }
-    out.push_str("# HELP radixgate_ttft_seconds Time from receiving a request to the first response body byte.\n");
-    out.push_str("# TYPE radixgate_ttft_seconds histogram\n");
+    header(
+        &mut out,
+        "radixgate_ttft_seconds",
+        "histogram",
+        "Time from receiving a request to the first response body byte.",
+    );
     for (i, h) in merged.ttft.iter().enumerate() {
         h.render(
             &mut out,
             "radixgate_ttft_seconds",
-            &format!("model=\"{}\"", models[i]),
+            &format!("model=\"{}\"", g.models[i]),
         );
     }
-    out.push_str("# HELP radixgate_request_duration_seconds Time from receiving a request to the end of its response.\n");
-    out.push_str("# TYPE radixgate_request_duration_seconds histogram\n");
+    header(
+        &mut out,
+        "radixgate_request_duration_seconds",
+        "histogram",
+        "Time from receiving a request to the end of its response.",
+    );
     for (i, h) in merged.total.iter().enumerate() {
         h.render(
             &mut out,
             "radixgate_request_duration_seconds",
-            &format!("model=\"{}\"", models[i]),
+            &format!("model=\"{}\"", g.models[i]),
         );
     }
-    out.push_str("# HELP radixgate_backend_in_flight Requests currently in flight to each backend, across shards.\n");
-    out.push_str("# TYPE radixgate_backend_in_flight gauge\n");
-    for (i, id) in backend_ids.iter().enumerate() {
+    header(
+        &mut out,
+        "radixgate_routing_decision_seconds",
+        "histogram",
+        "Time to parse, hash, match and pick, per request.",
+    );
+    merged.decision.render(
+        &mut out,
+        "radixgate_routing_decision_seconds",
+        "shard=\"all\"",
+    );
+    header(
+        &mut out,
+        "radixgate_backend_in_flight",
+        "gauge",
+        "Requests currently in flight to each backend, across shards.",
+    );
+    for (i, id) in g.backend_ids.iter().enumerate() {
         let _ = writeln!(
             out,
             "radixgate_backend_in_flight{{backend=\"{id}\"}} {}",
-            in_flight[i]
+            g.in_flight[i]
         );
     }
+    let per_backend: [(&str, &str, &Vec<u64>); 4] = [
+        (
+            "radixgate_matched_blocks_total",
+            "Prompt blocks the prefix index matched on the chosen backend.",
+            &merged.matched_blocks,
+        ),
+        (
+            "radixgate_cached_tokens_predicted_total",
+            "Cached prompt tokens the prefix index predicted on the chosen backend.",
+            &merged.predicted_cached,
+        ),
+        (
+            "radixgate_cached_tokens_reported_total",
+            "Cached prompt tokens the engine reported (usage.prompt_tokens_details.cached_tokens).",
+            &merged.reported_cached,
+        ),
+        (
+            "radixgate_cached_tokens_prediction_error_total",
+            "Sum of |predicted - reported| cached tokens, for responses that reported them.",
+            &merged.prediction_abs_error,
+        ),
+    ];
+    for (name, help, values) in per_backend {
+        header(&mut out, name, "counter", help);
+        for (i, id) in g.backend_ids.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", values[i]);
+        }
+    }
+    header(&mut out, "radixgate_backend_prefill_ns_per_token", "gauge", "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).");
+    for (i, id) in g.backend_ids.iter().enumerate() {
+        let learned: Vec<u64> = shards
+            .iter()
+            .filter_map(|s| s.prefill_ns.get(i))
+            .filter(|v| **v > 0)
+            .map(|v| *v as u64)
+            .collect();
+        let mean = if learned.is_empty() {
+            0
+        } else {
+            learned.iter().sum::<u64>() / learned.len() as u64
+        };
+        let _ = writeln!(
+            out,
+            "radixgate_backend_prefill_ns_per_token{{backend=\"{id}\"}} {mean}"
+        );
+    }
+    header(&mut out, "radixgate_index_blocks", "gauge", "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.");
+    let _ = writeln!(
+        out,
+        "radixgate_index_blocks{{copy=\"coordinator\"}} {}",
+        g.index_blocks
+    );
+    for s in shards {
+        let _ = writeln!(
+            out,
+            "radixgate_index_blocks{{copy=\"shard-{}\"}} {}",
+            s.shard, s.replica_blocks
+        );
+    }
+    header(
+        &mut out,
+        "radixgate_replica_lag_events",
+        "gauge",
+        "Index events the coordinator has sent a shard that the shard has not applied yet.",
+    );
+    for s in shards {
+        let sent = g.replica_sent.get(s.shard).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "radixgate_replica_lag_events{{shard=\"{}\"}} {}",
+            s.shard,
+            sent.saturating_sub(s.replica_applied)
+        );
+    }
+    header(
+        &mut out,
+        "radixgate_replica_lag_seconds",
+        "histogram",
+        "Age of index events (origin shard to this replica) when applied.",
+    );
+    merged
+        .replica_age
+        .render(&mut out, "radixgate_replica_lag_seconds", "shard=\"all\"");
     for (name, help, v) in [
         ("radixgate_prompt_tokens_total", "Prompt tokens reported in upstream usage.", merged.prompt_tokens),
         ("radixgate_cached_tokens_total", "Cached prompt tokens reported in upstream usage (prompt_tokens_details.cached_tokens).", merged.cached_tokens),
         ("radixgate_completion_tokens_total", "Completion tokens reported in upstream usage.", merged.completion_tokens),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        header(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
     }
     out
 }
@@ -163,8 +323,8 @@ mod tests {
 
     #[test]
     fn merges_and_renders() {
-        let mut a = ShardMetrics::new(1);
-        let mut b = ShardMetrics::new(1);
+        let mut a = ShardMetrics::new(1, 1);
+        let mut b = ShardMetrics::new(1, 1);
         let key = RequestKey {
             backend: Some(0),
             status: 200,
@@ -174,8 +334,16 @@ mod tests {
         b.count_request(key);
         a.ttft[0].observe(Duration::from_millis(3));
         b.ttft[0].observe(Duration::from_millis(300));
-        a.merge(&b);
-        let text = render(&a, &["b0".into()], &["sim".into()], &[4]);
+        let text = render(
+            &[a, b],
+            &Gauges {
+                backend_ids: &["b0".into()],
+                models: &["sim".into()],
+                in_flight: &[4],
+                replica_sent: &[0, 0],
+                index_blocks: 0,
+            },
+        );
         assert!(text.contains(
             "radixgate_requests_total{backend=\"b0\",status=\"200\",reason=\"round-robin\"} 2"
         ));

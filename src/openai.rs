@@ -167,6 +167,18 @@ fn optional_count(
 }
 
 fn feed_messages(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
+    if let Some(tools) = value.get("tools") {
+        if !tools.is_null() {
+            if tools.as_array().is_none() {
+                return Err(GatewayError::invalid_param(
+                    "tools",
+                    "`tools` must be an array",
+                ));
+            }
+            hasher.feed_tools_start();
+            feed_json(tools, hasher);
+        }
+    }
     let messages = value
         .get("messages")
         .ok_or_else(|| GatewayError::invalid_param("messages", "`messages` is required"))?
@@ -216,8 +228,66 @@ fn feed_messages(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) -> Result
                 }
             }
         }
+        if let Some(calls) = m.get("tool_calls").and_then(|c| c.as_array()) {
+            for call in calls {
+                let function = call.get("function");
+                let name = function
+                    .and_then(|f| f.get("name"))
+                    .and_then(|n| n.as_str());
+                let args = function
+                    .and_then(|f| f.get("arguments"))
+                    .and_then(|a| a.as_str());
+                hasher.feed_tool_call(name.unwrap_or(""), args.unwrap_or(""));
+            }
+        }
+        if let Some(id) = m.get("tool_call_id").and_then(|c| c.as_str()) {
+            hasher.feed_content_part(id);
+        }
     }
     Ok(())
+}
+
+/// Feeds a JSON value in a canonical compact form (keys in the order given, strings
+/// unescaped) without building it as a string first.
+fn feed_json(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) {
+    use std::io::Write as _;
+    match value {
+        BorrowedValue::String(s) => {
+            hasher.feed(b"\"");
+            hasher.feed(s.as_bytes());
+            hasher.feed(b"\"");
+        }
+        BorrowedValue::Array(items) => {
+            hasher.feed(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    hasher.feed(b",");
+                }
+                feed_json(item, hasher);
+            }
+            hasher.feed(b"]");
+        }
+        BorrowedValue::Object(map) => {
+            hasher.feed(b"{");
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    hasher.feed(b",");
+                }
+                hasher.feed(b"\"");
+                hasher.feed(k.as_bytes());
+                hasher.feed(b"\":");
+                feed_json(v, hasher);
+            }
+            hasher.feed(b"}");
+        }
+        BorrowedValue::Static(node) => {
+            let mut buf = [0u8; 40];
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            let _ = write!(cursor, "{node}");
+            let n = cursor.position() as usize;
+            hasher.feed(&buf[..n]);
+        }
+    }
 }
 
 /// The hashable text of one content part: its text, or the URL or data of an
@@ -366,6 +436,43 @@ mod tests {
         let e = parse(ChatCompletions, r#"{"model":"gpt-9","messages":[]}"#).unwrap_err();
         assert_eq!(e.kind, ErrorKind::ModelNotFound);
         assert_eq!(e.status(), 404);
+    }
+
+    fn blocks_of(body: &str) -> Vec<u64> {
+        let models = ModelTable::new(vec!["sim".into()]);
+        let mut hasher = PromptHasher::new(NonZeroUsize::new(8).unwrap());
+        BodyParser::default()
+            .parse(
+                Endpoint::ChatCompletions,
+                body.as_bytes(),
+                &models,
+                &mut hasher,
+            )
+            .unwrap();
+        hasher.blocks().to_vec()
+    }
+
+    #[test]
+    fn tools_and_tool_calls_shape_the_prefix() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"search","parameters":{"type":"object","n":1.5}}}]"#;
+        let a = blocks_of(&format!(
+            r#"{{"model":"sim",{tools},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        ));
+        let b = blocks_of(r#"{"model":"sim","messages":[{"role":"user","content":"hi"}]}"#);
+        assert_ne!(a.first(), b.first(), "tools come first in the stream");
+        let call = |args: &str| {
+            blocks_of(&format!(
+                r#"{{"model":"sim","messages":[{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"search","arguments":"{args}"}}}}]}},{{"role":"tool","tool_call_id":"c1","content":"result"}}]}}"#
+            ))
+        };
+        assert_ne!(call("x"), call("y"));
+        assert_eq!(call("x"), call("x"));
+        let e = parse(
+            Endpoint::ChatCompletions,
+            r#"{"model":"sim","tools":3,"messages":[{"role":"user","content":"x"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
     }
 
     #[test]

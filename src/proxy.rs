@@ -17,14 +17,26 @@ use crate::http::BodyFraming;
 use crate::metrics::RequestKey;
 use crate::observe::UsageScanner;
 use crate::openai::{Endpoint, RequestFacts};
+use crate::replica::{IndexEvent, IndexOp};
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use radixgate_orchestrator::{Pick, PolicyName, RouteInput, RoutingPolicy};
+use radixgate_orchestrator::{Candidate, Pick, PolicyName, RouteInput, RoutingPolicy};
 use std::fmt::Write as _;
 use std::rc::Rc;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Prefill cost is learned only from responses with at least this many uncached
+/// prompt tokens (shorter ones are dominated by fixed overheads).
+const MIN_LEARN_TOKENS: u64 = 64;
+
+/// Exponentially weighted moving average with weight 1/5 on the new sample.
+fn ewma(old: u32, sample: u32) -> u32 {
+    ((old as u64 * 4 + sample as u64) / 5) as u32
+}
 
 /// Bodies up to this size are sent in the same write as the request head.
 const COALESCE_BODY: usize = 64 << 10;
@@ -47,7 +59,14 @@ pub async fn forward(
         parser.parse(endpoint, body, &shared.models, &mut hasher)?
     };
     let policy = policy_for(shard, head)?;
-    let pick = pick_backend(shard, &facts, policy)?;
+    let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
+    let route = route(shard, &facts, policy, session)?;
+    shard
+        .metrics
+        .borrow_mut()
+        .decision
+        .observe(started.elapsed());
+    let pick = route.pick;
     let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, pick.backend);
 
     let mut request = shard.take_buffer();
@@ -76,7 +95,7 @@ pub async fn forward(
             client,
             request,
             split_body.then_some(body),
-            &pick,
+            &route,
             head.keep_alive,
             request_id,
         )
@@ -85,15 +104,16 @@ pub async fn forward(
         Ok(keep) => keep,
         Err(Failure::BeforeResponse(e)) => {
             exchange.status = e.status();
+            route.roll_back(shard);
             let mut extra = Vec::with_capacity(128);
-            router_headers(shard, &mut extra, &pick, request_id);
+            router_headers(shard, &mut extra, &route, request_id);
             let resp = e.to_response(&extra, head.keep_alive);
             let (r, _) = client.write_all(resp).await;
             r.is_ok() && head.keep_alive
         }
         Err(Failure::AfterResponse) => false,
     };
-    exchange.record(&facts, &pick);
+    exchange.record(&facts, &route);
     Ok(keep_open)
 }
 
@@ -110,20 +130,78 @@ fn policy_for(shard: &Shard, head: &RequestHead) -> Result<PolicyName, GatewayEr
     Ok(routing.policy)
 }
 
-fn pick_backend(
+/// A routing decision and the index belief recorded for it.
+struct Route {
+    pick: Pick,
+    /// Leading prompt blocks the chosen backend held, per this shard's replica.
+    matched_blocks: u32,
+    /// In-flight requests on the chosen backend before this one.
+    in_flight_before: u32,
+    /// The prompt's blocks, recorded in the index as now held by the pick.
+    blocks: Option<Arc<[u64]>>,
+}
+
+impl Route {
+    /// The attempt failed before the engine could cache anything: forget the blocks
+    /// the pick did not already hold, here and (via the coordinator) everywhere.
+    fn roll_back(&self, shard: &Shard) {
+        let Some(blocks) = &self.blocks else { return };
+        let from = self.matched_blocks as usize;
+        if from >= blocks.len() {
+            return;
+        }
+        shard
+            .index
+            .borrow_mut()
+            .remove(self.pick.backend, blocks, from);
+        publish(
+            shard,
+            IndexOp::Remove {
+                backend: self.pick.backend,
+                blocks: blocks.clone(),
+                from,
+            },
+        );
+    }
+}
+
+fn publish(shard: &Shard, op: IndexOp) {
+    let _ = shard.shared.index_events.send(IndexEvent {
+        origin_shard: shard.id,
+        created: std::time::Instant::now(),
+        op,
+    });
+}
+
+/// Looks the prompt up in this shard's index replica, asks the policy, and records
+/// the belief that the pick now holds the prompt (applied here at once, replicated
+/// through the coordinator).
+fn route(
     shard: &Shard,
     facts: &RequestFacts,
     policy: PolicyName,
-) -> Result<Pick, GatewayError> {
+    session: Option<u64>,
+) -> Result<Route, GatewayError> {
     let shared = &shard.shared;
+    let now_ms = shared.now_ms();
+    let hasher = shard.hasher.borrow();
+    let blocks = hasher.blocks();
+    let mut matches = shard.matches.borrow_mut();
+    shard.index.borrow().match_prefix(blocks, &mut matches);
+    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     let fleet = shard.fleet.borrow();
+    let prefill_ns = shard.prefill_ns.borrow();
     let mut candidates = shard.candidates.borrow_mut();
     candidates.clear();
     for &b in &shared.model_backends[facts.model] {
         if fleet.healthy[b] {
-            candidates.push(radixgate_orchestrator::Candidate {
+            candidates.push(Candidate {
                 backend: b,
                 in_flight: shared.in_flight.total(b),
+                matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
+                engine_waiting: 0,
+                prefill_ns_per_token: prefill_ns[b],
+                session_home: session_home == Some(b),
             });
         }
     }
@@ -139,15 +217,58 @@ fn pick_backend(
     if candidates.is_empty() {
         return Err(no_backend());
     }
-    let mut policies = shard.policies.borrow_mut();
     let input = RouteInput {
         candidates: &candidates,
         affinity_key: facts.affinity_key,
+        prompt_blocks: blocks.len() as u32,
     };
-    policies
+    let pick = shard
+        .policies
+        .borrow_mut()
         .get(policy, &shared.policy_config)
         .pick(&input, &mut shard.rng.borrow_mut())
-        .ok_or_else(no_backend)
+        .ok_or_else(no_backend)?;
+    let chosen = candidates
+        .iter()
+        .find(|c| c.backend == pick.backend)
+        .copied()
+        .unwrap_or_default();
+    let recorded = (!blocks.is_empty()).then(|| {
+        shard
+            .index
+            .borrow_mut()
+            .insert(pick.backend, blocks, now_ms);
+        let blocks: Arc<[u64]> = blocks.into();
+        publish(
+            shard,
+            IndexOp::Insert {
+                backend: pick.backend,
+                blocks: blocks.clone(),
+                now_ms,
+            },
+        );
+        blocks
+    });
+    if let Some(session) = session {
+        shard
+            .sessions
+            .borrow_mut()
+            .bind(session, pick.backend, now_ms);
+        publish(
+            shard,
+            IndexOp::BindSession {
+                session,
+                backend: pick.backend,
+                now_ms,
+            },
+        );
+    }
+    Ok(Route {
+        pick,
+        matched_blocks: chosen.matched_blocks,
+        in_flight_before: chosen.in_flight,
+        blocks: recorded,
+    })
 }
 
 fn write_upstream_head(
@@ -171,12 +292,13 @@ fn write_upstream_head(
     out.extend_from_slice(b"\r\n");
 }
 
-fn router_headers(shard: &Shard, out: &mut Vec<u8>, pick: &Pick, request_id: &str) {
+fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &str) {
     let _ = write!(
         Utf8Vec(out),
-        "X-Router-Backend: {}\r\nX-Router-Reason: {}\r\nX-Request-Id: {}\r\n",
-        shard.shared.backend_ids[pick.backend],
-        pick.reason.as_str(),
+        "X-Router-Backend: {}\r\nX-Router-Reason: {}\r\nX-Router-Match-Blocks: {}\r\nX-Request-Id: {}\r\n",
+        shard.shared.backend_ids[route.pick.backend],
+        route.pick.reason.as_str(),
+        route.matched_blocks,
         request_id
     );
 }
@@ -246,7 +368,7 @@ impl Exchange<'_> {
         client: &mut TcpStream,
         request: Vec<u8>,
         separate_body: Option<&[u8]>,
-        pick: &Pick,
+        route: &Route,
         client_keep_alive: bool,
         request_id: &str,
     ) -> Result<bool, Failure> {
@@ -269,7 +391,7 @@ impl Exchange<'_> {
             resp.reason
         );
         out.extend_from_slice(&resp.forward_headers);
-        router_headers(shard, &mut out, pick, request_id);
+        router_headers(shard, &mut out, route, request_id);
         if !keep_client {
             out.extend_from_slice(b"Connection: close\r\n");
         }
@@ -419,22 +541,52 @@ impl Exchange<'_> {
         }
     }
 
-    fn record(&self, facts: &RequestFacts, pick: &Pick) {
-        let mut m = self.shard.metrics.borrow_mut();
+    /// Metrics, and the closed loop: the index's prediction against the engine's
+    /// reported cached tokens, and the backend's prefill cost learned from TTFT.
+    fn record(&self, facts: &RequestFacts, route: &Route) {
+        let shard = self.shard;
+        let backend = route.pick.backend;
+        let mut m = shard.metrics.borrow_mut();
         m.count_request(RequestKey {
-            backend: Some(pick.backend),
+            backend: Some(backend),
             status: self.status,
-            reason: pick.reason.as_str(),
+            reason: route.pick.reason.as_str(),
         });
         let now = Instant::now();
-        if let Some(first) = self.first_byte {
-            m.ttft[facts.model].observe(first.saturating_duration_since(self.started));
+        let ttft = self
+            .first_byte
+            .map(|f| f.saturating_duration_since(self.started));
+        if let Some(ttft) = ttft {
+            m.ttft[facts.model].observe(ttft);
         }
         m.total[facts.model].observe(now.saturating_duration_since(self.started));
         let u = self.usage.usage;
         m.prompt_tokens += u.prompt_tokens.unwrap_or(0);
         m.cached_tokens += u.cached_tokens.unwrap_or(0);
         m.completion_tokens += u.completion_tokens.unwrap_or(0);
+        m.matched_blocks[backend] += route.matched_blocks as u64;
+        let Some(reported) = u.cached_tokens else {
+            return;
+        };
+        let tokens_per_block = shard.shared.config.routing.prefix_aware.tokens_per_block;
+        let mut predicted = (route.matched_blocks as f64 * tokens_per_block) as u64;
+        if let Some(prompt) = u.prompt_tokens {
+            predicted = predicted.min(prompt);
+        }
+        m.predicted_cached[backend] += predicted;
+        m.reported_cached[backend] += reported;
+        m.prediction_abs_error[backend] += predicted.abs_diff(reported);
+        drop(m);
+        // Learn prefill cost only from requests that did not queue behind others.
+        if let (Some(ttft), Some(prompt), 0) = (ttft, u.prompt_tokens, route.in_flight_before) {
+            let uncached = prompt.saturating_sub(reported);
+            if uncached >= MIN_LEARN_TOKENS && self.status == 200 {
+                let sample = (ttft.as_nanos() as u64 / uncached).min(u32::MAX as u64) as u32;
+                let mut learned = shard.prefill_ns.borrow_mut();
+                let old = learned[backend];
+                learned[backend] = if old == 0 { sample } else { ewma(old, sample) };
+            }
+        }
     }
 }
 

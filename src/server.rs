@@ -10,7 +10,7 @@
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
 use crate::http::request::Method;
-use crate::metrics::{self, RequestKey, ShardMetrics};
+use crate::metrics::{self, RequestKey};
 use crate::openai::Endpoint;
 use crate::proxy;
 use crate::shard::{Shard, ShardCommand};
@@ -295,20 +295,29 @@ async fn scrape(shard: &Shard) -> String {
         }
     }
     drop(tx);
-    let mut merged = ShardMetrics::new(shared.models.names().len());
+    let mut copies = Vec::with_capacity(asked);
     for _ in 0..asked {
         match monoio::time::timeout(Duration::from_secs(2), rx.recv_async()).await {
-            Ok(Ok(m)) => merged.merge(&m),
+            Ok(Ok(m)) => copies.push(m),
             _ => break,
         }
     }
-    let in_flight: Vec<u32> = (0..shared.backend_ids.len())
-        .map(|b| shared.in_flight.total(b))
+    copies.sort_by_key(|m| m.shard);
+    let backends = shared.backend_ids.len();
+    let in_flight: Vec<u32> = (0..backends).map(|b| shared.in_flight.total(b)).collect();
+    let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
+        .map(|k| shared.replica_sent.get(k))
         .collect();
     metrics::render(
-        &merged,
-        &shared.backend_ids,
-        shared.models.names(),
-        &in_flight,
+        &copies,
+        &metrics::Gauges {
+            backend_ids: &shared.backend_ids,
+            models: shared.models.names(),
+            in_flight: &in_flight,
+            replica_sent: &replica_sent,
+            index_blocks: shared
+                .index_blocks
+                .load(std::sync::atomic::Ordering::Relaxed),
+        },
     )
 }

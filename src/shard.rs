@@ -13,12 +13,16 @@ use crate::fleet::{FleetSnapshot, InFlight};
 use crate::metrics::ShardMetrics;
 use crate::openai::{BodyParser, ModelTable};
 use crate::pool::UpstreamPool;
+use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
 use radixgate_orchestrator::{
-    build_policy, Candidate, Policy, PolicyConfig, PolicyName, PromptHasher,
+    build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
+    PromptHasher,
 };
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Read-only state shared by every shard.
 pub struct Shared {
@@ -30,10 +34,21 @@ pub struct Shared {
     pub in_flight: InFlight,
     pub shard_commands: Vec<flume::Sender<ShardCommand>>,
     pub policy_config: PolicyConfig,
+    /// Shard → coordinator index events (crossbeam: lock-free send).
+    pub index_events: crossbeam_channel::Sender<IndexEvent>,
+    pub replica_sent: ReplicaSent,
+    /// Blocks in the coordinator's authoritative index (coordinator writes).
+    pub index_blocks: AtomicU64,
+    /// Zero of the index's logical clock (milliseconds since start).
+    pub epoch: Instant,
 }
 
 impl Shared {
-    pub fn new(config: Config, shard_commands: Vec<flume::Sender<ShardCommand>>) -> Shared {
+    pub fn new(
+        config: Config,
+        shard_commands: Vec<flume::Sender<ShardCommand>>,
+        index_events: crossbeam_channel::Sender<IndexEvent>,
+    ) -> Shared {
         let models = ModelTable::new(config.models());
         let model_backends = models
             .names()
@@ -53,8 +68,13 @@ impl Shared {
             backend_ids: backend_ids.clone(),
             hash_load_factor: config.routing.hash_load_factor,
             hash_virtual_nodes: config.routing.hash_virtual_nodes,
+            prefix: config.routing.prefix_aware.clone(),
         };
         Shared {
+            index_events,
+            replica_sent: ReplicaSent::new(shard_commands.len()),
+            index_blocks: AtomicU64::new(0),
+            epoch: Instant::now(),
             in_flight: InFlight::new(config.server.shards.get(), config.backends.len()),
             models,
             model_backends,
@@ -64,10 +84,17 @@ impl Shared {
             config,
         }
     }
+
+    /// The index's logical clock.
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
 }
 
 pub enum ShardCommand {
     Fleet(Arc<FleetSnapshot>),
+    /// An index event another shard originated, to apply to this replica.
+    Replicate(Arc<IndexEvent>),
     CollectMetrics(flume::Sender<ShardMetrics>),
 }
 
@@ -100,6 +127,12 @@ pub struct Shard {
     pub parser: RefCell<BodyParser>,
     pub hasher: RefCell<PromptHasher>,
     pub candidates: RefCell<Vec<Candidate>>,
+    /// This shard's replica of the prefix index.
+    pub index: RefCell<PrefixIndex>,
+    pub matches: RefCell<PrefixMatch>,
+    pub sessions: RefCell<SessionTable>,
+    /// Learned prefill cost per backend, ns per uncached prompt token (0 = unknown).
+    pub prefill_ns: RefCell<Vec<u32>>,
     /// Spare I/O buffers, so requests stop allocating once the shard is warm.
     pub buffers: RefCell<Vec<Vec<u8>>>,
 }
@@ -117,10 +150,20 @@ impl Shard {
                 c.upstream.pool_max_idle,
                 c.upstream.pool_idle_expiry,
             )),
-            metrics: RefCell::new(ShardMetrics::new(shared.models.names().len())),
+            metrics: RefCell::new(ShardMetrics::new(
+                shared.models.names().len(),
+                c.backends.len(),
+            )),
             parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(PromptHasher::new(c.routing.block_bytes)),
             candidates: RefCell::new(Vec::with_capacity(c.backends.len())),
+            index: RefCell::new(crate::coordinator::new_index(&shared)),
+            matches: RefCell::new(PrefixMatch::default()),
+            sessions: RefCell::new(SessionTable::new(
+                c.routing.session_ttl.as_millis() as u64,
+                c.routing.max_sessions,
+            )),
+            prefill_ns: RefCell::new(vec![0; c.backends.len()]),
             buffers: RefCell::new(Vec::new()),
             shared,
         })
@@ -146,8 +189,20 @@ impl Shard {
         while let Ok(cmd) = commands.recv_async().await {
             match cmd {
                 ShardCommand::Fleet(snapshot) => *self.fleet.borrow_mut() = snapshot,
+                ShardCommand::Replicate(event) => {
+                    event.apply(
+                        &mut self.index.borrow_mut(),
+                        &mut self.sessions.borrow_mut(),
+                    );
+                    let mut m = self.metrics.borrow_mut();
+                    m.replica_applied += 1;
+                    m.replica_age.observe(event.created.elapsed());
+                }
                 ShardCommand::CollectMetrics(reply) => {
-                    let copy = self.metrics.borrow().clone();
+                    let mut copy = self.metrics.borrow().clone();
+                    copy.shard = self.id;
+                    copy.replica_blocks = self.index.borrow().total_blocks() as u64;
+                    copy.prefill_ns = self.prefill_ns.borrow().clone();
                     let _ = reply.send(copy);
                 }
             }

@@ -8,11 +8,13 @@
 //! in `bench/` replays the very same code, so decisions stay unit-testable and
 //! reproducible.
 
+pub mod index;
 pub mod policy;
 pub mod prompt;
 
+pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
 pub use policy::{
-    build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, Reason,
-    RouteInput, RoutingPolicy, UnknownPolicy,
+    build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
+    Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
 pub use prompt::{model_seed, PromptHasher};

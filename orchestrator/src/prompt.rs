@@ -34,6 +34,17 @@
 //! control bytes that roles and names never hold; content that embeds them can forge a
 //! boundary, which at worst changes a routing hint, never a response.
 //!
+//! Tool calls an assistant message made: `0x1A name 0x1F arguments` each, after its
+//! content parts ([`PromptHasher::feed_tool_call`]). Tool definitions (`tools`) come
+//! first, as one item: `0x1B` then the definitions as canonical JSON
+//! ([`PromptHasher::feed_tools_start`], then [`PromptHasher::feed`]) — chat templates
+//! render them ahead of the conversation, so requests sharing tools share that prefix.
+//!
+//! A prompt shorter than one block has no complete block: [`PromptHasher::blocks`] is
+//! empty, so it never matches the prefix index, and its affinity key is the seeded
+//! hash of its partial bytes (hash routing still keeps identical short prompts
+//! together).
+//!
 //! Completion prompt (`/v1/completions`): 0x1C (file separator) followed by the text.
 //! It counts as an item like a message, so 0x1E also separates a prompt from whatever
 //! item precedes or follows it, should a caller mix the two.
@@ -46,6 +57,8 @@ const MESSAGE_SEP: u8 = 0x1E;
 const FIELD_END: u8 = 0x1F;
 const PART_START: u8 = 0x1D;
 const COMPLETION_START: u8 = 0x1C;
+const TOOLS_START: u8 = 0x1B;
+const TOOL_CALL_START: u8 = 0x1A;
 
 /// Seed of a prompt's hash chain: prompts for different models never share blocks.
 pub fn model_seed(model: &str) -> u64 {
@@ -131,6 +144,20 @@ impl PromptHasher {
     }
 
     /// Feeds a `/v1/completions` prompt.
+    /// Starts the tool-definitions item; feed the definitions next with [`Self::feed`].
+    pub fn feed_tools_start(&mut self) {
+        self.begin_item();
+        self.feed(&[TOOLS_START]);
+    }
+
+    /// One tool call of the current (assistant) message.
+    pub fn feed_tool_call(&mut self, name: &str, arguments: &str) {
+        self.feed(&[TOOL_CALL_START]);
+        self.feed(name.as_bytes());
+        self.feed(&[FIELD_END]);
+        self.feed(arguments.as_bytes());
+    }
+
     pub fn feed_prompt(&mut self, text: &str) {
         self.begin_item();
         self.feed(&[COMPLETION_START]);

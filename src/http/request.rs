@@ -28,6 +28,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     pub request_id: String,
     pub policy_override: String,
+    /// `X-Session-ID`: keeps a conversation on its backend (still forwarded).
+    pub session_id: String,
     /// `Name: value\r\n` lines to send upstream unchanged.
     pub forward_headers: Vec<u8>,
 }
@@ -96,6 +98,7 @@ pub fn parse_request_head(
     head.expect_continue = false;
     head.request_id.clear();
     head.policy_override.clear();
+    head.session_id.clear();
     head.forward_headers.clear();
 
     let mut content_length: Option<u64> = None;
@@ -141,6 +144,9 @@ pub fn parse_request_head(
             if !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()) {
                 head.request_id.push_str(&v);
             }
+        } else if name.eq_ignore_ascii_case("x-session-id") {
+            head.session_id
+                .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("x-router-policy") {
             head.policy_override
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));

@@ -52,7 +52,7 @@ mod tests {
         loads
             .iter()
             .enumerate()
-            .map(|(backend, &in_flight)| Candidate { backend, in_flight })
+            .map(|(backend, &in_flight)| Candidate::new(backend, in_flight))
             .collect()
     }
 
@@ -60,6 +60,7 @@ mod tests {
         let input = RouteInput {
             candidates: c,
             affinity_key: None,
+            prompt_blocks: 0,
         };
         let p = ll.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap();
         assert_eq!(p.reason, Reason::LeastLoaded);

@@ -3,8 +3,10 @@
 //!
 //! A shard owns one [`Policy`] instance (so cursors are per shard and need no
 //! synchronisation). For each request it passes the healthy candidates with their
-//! fleet-wide in-flight counts, the prompt's affinity key and its seeded RNG, and gets
-//! back a [`Pick`] whose [`Reason`] the caller logs and counts. Policies are pure and do
+//! fleet-wide in-flight counts (and, for `prefix_aware`, what the prefix index and the
+//! engines' scraped metrics say about each), the prompt's affinity key and block count
+//! and its seeded RNG, and gets back a [`Pick`] whose [`Reason`] the caller logs and
+//! counts. Policies are pure and do
 //! not allocate per call; an unknown policy name is an error ([`UnknownPolicy`]), never
 //! a silent fallback.
 
@@ -13,23 +15,52 @@ use std::str::FromStr;
 
 pub mod consistent_hash;
 pub mod least_loaded;
+pub mod prefix_aware;
 pub mod random;
 pub mod round_robin;
+
+pub use prefix_aware::PrefixAwareConfig;
 
 /// Index into the gateway's backend table, in config order.
 pub type BackendIdx = usize;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One backend the request may go to, with what the gateway knows about it right now.
+/// Policies that do not use a field ignore it; [`Candidate::new`] leaves the extras at
+/// their "unknown" zeros.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {
     pub backend: BackendIdx,
     /// Requests in flight to this backend, counted across all shards.
     pub in_flight: u32,
+    /// Leading prompt blocks this backend holds according to the prefix index (0 when
+    /// not looked up).
+    pub matched_blocks: u32,
+    /// The engine's own waiting queue as last scraped (0 when unknown).
+    pub engine_waiting: u32,
+    /// Learned prefill cost on this backend (0: use the policy's configured default).
+    pub prefill_ns_per_token: u32,
+    /// The request's `X-Session-ID` is bound to this backend.
+    pub session_home: bool,
+}
+
+// === impl Candidate ===
+
+impl Candidate {
+    pub fn new(backend: BackendIdx, in_flight: u32) -> Self {
+        Self {
+            backend,
+            in_flight,
+            ..Self::default()
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
 pub struct RouteInput<'a> {
     pub candidates: &'a [Candidate],
     pub affinity_key: Option<u64>,
+    /// Complete blocks in the prompt (the length `matched_blocks` is measured against).
+    pub prompt_blocks: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,16 +81,33 @@ pub enum Reason {
     HashRingSpill,
     /// Hash policy without an affinity key: least-loaded instead.
     HashNoKey,
+    /// A backend holding the longest cached prefix, within the estimated-TTFT band.
+    LongestPrefix,
+    /// Every backend holding the longest prefix was saturated; another took it (and
+    /// becomes a second holder).
+    SpilledFromSaturated,
+    /// Load beat affinity: the match was too short to matter, or a backend holding a
+    /// shorter prefix (or none) promised a clearly earlier first token.
+    FallbackLeastLoaded,
+    /// No backend holds any of the prompt: least-loaded.
+    NoMatch,
+    /// The request's session is bound to this backend and it had room.
+    SessionAffinity,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 11] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::LeastLoaded,
         Reason::HashRing,
         Reason::HashRingSpill,
         Reason::HashNoKey,
+        Reason::LongestPrefix,
+        Reason::SpilledFromSaturated,
+        Reason::FallbackLeastLoaded,
+        Reason::NoMatch,
+        Reason::SessionAffinity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +118,11 @@ impl Reason {
             Reason::HashRing => "hash-ring",
             Reason::HashRingSpill => "hash-ring-spill",
             Reason::HashNoKey => "hash-no-key",
+            Reason::LongestPrefix => "longest-prefix",
+            Reason::SpilledFromSaturated => "spilled-from-saturated",
+            Reason::FallbackLeastLoaded => "fallback-least-loaded",
+            Reason::NoMatch => "no-match",
+            Reason::SessionAffinity => "session-affinity",
         }
     }
 }
@@ -86,14 +139,16 @@ pub enum PolicyName {
     Random,
     LeastLoaded,
     ConsistentHash,
+    PrefixAware,
 }
 
 impl PolicyName {
-    pub const ALL: [PolicyName; 4] = [
+    pub const ALL: [PolicyName; 5] = [
         PolicyName::RoundRobin,
         PolicyName::Random,
         PolicyName::LeastLoaded,
         PolicyName::ConsistentHash,
+        PolicyName::PrefixAware,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +157,7 @@ impl PolicyName {
             PolicyName::Random => "random",
             PolicyName::LeastLoaded => "least_loaded",
             PolicyName::ConsistentHash => "consistent_hash",
+            PolicyName::PrefixAware => "prefix_aware",
         }
     }
 }
@@ -159,6 +215,7 @@ pub enum Policy {
     Random(random::Random),
     LeastLoaded(least_loaded::LeastLoaded),
     ConsistentHash(consistent_hash::ConsistentHash),
+    PrefixAware(prefix_aware::PrefixAware),
 }
 
 // === impl Policy ===
@@ -170,6 +227,7 @@ impl Policy {
             Policy::Random(_) => PolicyName::Random,
             Policy::LeastLoaded(_) => PolicyName::LeastLoaded,
             Policy::ConsistentHash(_) => PolicyName::ConsistentHash,
+            Policy::PrefixAware(_) => PolicyName::PrefixAware,
         }
     }
 }
@@ -181,6 +239,7 @@ impl RoutingPolicy for Policy {
             Policy::Random(p) => p.pick(input, rng),
             Policy::LeastLoaded(p) => p.pick(input, rng),
             Policy::ConsistentHash(p) => p.pick(input, rng),
+            Policy::PrefixAware(p) => p.pick(input, rng),
         }
     }
 }
@@ -197,6 +256,8 @@ pub struct PolicyConfig {
     pub hash_load_factor: f64,
     /// Virtual points per backend on the hash ring (at least 1 is used).
     pub hash_virtual_nodes: u32,
+    /// Cost model and thresholds for `prefix_aware`.
+    pub prefix: PrefixAwareConfig,
 }
 
 impl Default for PolicyConfig {
@@ -205,6 +266,7 @@ impl Default for PolicyConfig {
             backend_ids: Vec::new(),
             hash_load_factor: 1.25,
             hash_virtual_nodes: 160,
+            prefix: PrefixAwareConfig::default(),
         }
     }
 }
@@ -220,6 +282,9 @@ pub fn build_policy(name: PolicyName, config: &PolicyConfig) -> Policy {
             config.hash_virtual_nodes,
             config.hash_load_factor,
         )),
+        PolicyName::PrefixAware => {
+            Policy::PrefixAware(prefix_aware::PrefixAware::new(&config.prefix))
+        }
     }
 }
 

@@ -31,15 +31,11 @@ mod tests {
 
     #[test]
     fn stays_in_range_and_covers_all() {
-        let cands: Vec<Candidate> = (10..15)
-            .map(|backend| Candidate {
-                backend,
-                in_flight: 0,
-            })
-            .collect();
+        let cands: Vec<Candidate> = (10..15).map(|backend| Candidate::new(backend, 0)).collect();
         let input = RouteInput {
             candidates: &cands,
             affinity_key: None,
+            prompt_blocks: 0,
         };
         let mut rng = fastrand::Rng::with_seed(1234);
         let mut seen = [0u32; 5];
@@ -54,6 +50,7 @@ mod tests {
         let empty = RouteInput {
             candidates: &[],
             affinity_key: None,
+            prompt_blocks: 0,
         };
         assert_eq!(Random::new().pick(&empty, &mut rng), None);
     }

@@ -38,15 +38,11 @@ mod tests {
 
     #[test]
     fn cycles_through_candidates() {
-        let cands: Vec<Candidate> = [4, 7, 9]
-            .map(|backend| Candidate {
-                backend,
-                in_flight: 0,
-            })
-            .to_vec();
+        let cands: Vec<Candidate> = [4, 7, 9].map(|backend| Candidate::new(backend, 0)).to_vec();
         let input = RouteInput {
             candidates: &cands,
             affinity_key: Some(1),
+            prompt_blocks: 0,
         };
         let mut rng = fastrand::Rng::with_seed(0);
         let mut rr = RoundRobin::new();
@@ -57,6 +53,7 @@ mod tests {
         let empty = RouteInput {
             candidates: &[],
             affinity_key: None,
+            prompt_blocks: 0,
         };
         assert_eq!(rr.pick(&empty, &mut rng), None);
     }

@@ -14,7 +14,7 @@ fn unknown_policy_is_an_error_with_the_choices() {
     assert_eq!(
         err.to_string(),
         "unknown routing policy `power_of_two`; expected one of: \
-         round_robin, random, least_loaded, consistent_hash"
+         round_robin, random, least_loaded, consistent_hash, prefix_aware"
     );
     assert!("Round_Robin".parse::<PolicyName>().is_err());
     assert!("".parse::<PolicyName>().is_err());
@@ -32,7 +32,12 @@ fn reason_strings() {
             "least-loaded",
             "hash-ring",
             "hash-ring-spill",
-            "hash-no-key"
+            "hash-no-key",
+            "longest-prefix",
+            "spilled-from-saturated",
+            "fallback-least-loaded",
+            "no-match",
+            "session-affinity",
         ]
     );
 }
@@ -43,15 +48,11 @@ fn factory_builds_each_policy_and_dispatch_picks() {
         backend_ids: vec!["a".into(), "b".into(), "c".into()],
         ..PolicyConfig::default()
     };
-    let cands: Vec<_> = (0..3)
-        .map(|backend| Candidate {
-            backend,
-            in_flight: 0,
-        })
-        .collect();
+    let cands: Vec<_> = (0..3).map(|backend| Candidate::new(backend, 0)).collect();
     let input = RouteInput {
         candidates: &cands,
         affinity_key: Some(99),
+        prompt_blocks: 0,
     };
     let mut rng = fastrand::Rng::with_seed(5);
     for name in PolicyName::ALL {
@@ -64,11 +65,13 @@ fn factory_builds_each_policy_and_dispatch_picks() {
             PolicyName::Random => Reason::Random,
             PolicyName::LeastLoaded => Reason::LeastLoaded,
             PolicyName::ConsistentHash => Reason::HashRing,
+            PolicyName::PrefixAware => Reason::NoMatch,
         };
         assert_eq!(pick.reason, expected);
         let empty = RouteInput {
             candidates: &[],
             affinity_key: None,
+            prompt_blocks: 0,
         };
         assert_eq!(policy.pick(&empty, &mut rng), None);
     }
@@ -80,4 +83,21 @@ fn default_config() {
     assert!(c.backend_ids.is_empty());
     assert_eq!(c.hash_load_factor, 1.25);
     assert_eq!(c.hash_virtual_nodes, 160);
+    assert_eq!(c.prefix, PrefixAwareConfig::default());
+}
+
+#[test]
+fn candidate_new_leaves_the_extras_unknown() {
+    let c = Candidate::new(4, 7);
+    assert_eq!(
+        c,
+        Candidate {
+            backend: 4,
+            in_flight: 7,
+            matched_blocks: 0,
+            engine_waiting: 0,
+            prefill_ns_per_token: 0,
+            session_home: false,
+        }
+    );
 }

@@ -247,3 +247,27 @@ fn model_seed_depends_on_the_model() {
     assert_eq!(model_seed("m"), model_seed("m"));
     assert_ne!(model_seed("m"), model_seed("n"));
 }
+
+#[test]
+fn tools_and_tool_calls_are_canonical() {
+    assert_eq!(
+        canon(|h| {
+            h.feed_tools_start();
+            h.feed(b"[{\"name\":\"f\"}]");
+            h.feed_message("assistant", None, "");
+            h.feed_tool_call("f", "{\"x\":1}");
+        }),
+        canon(|h| h.feed(b"\x1B[{\"name\":\"f\"}]\x1Eassistant\x1F\x1D\x1Af\x1F{\"x\":1}")),
+    );
+    // A call's name/arguments split cannot be forged by moving characters across.
+    assert_ne!(
+        canon(|h| {
+            h.feed_message("assistant", None, "");
+            h.feed_tool_call("ab", "c");
+        }),
+        canon(|h| {
+            h.feed_message("assistant", None, "");
+            h.feed_tool_call("a", "bc");
+        }),
+    );
+}

@@ -7,10 +7,7 @@ fn ids(names: &[&str]) -> Vec<String> {
 fn idle(backends: impl IntoIterator<Item = BackendIdx>) -> Vec<Candidate> {
     backends
         .into_iter()
-        .map(|backend| Candidate {
-            backend,
-            in_flight: 0,
-        })
+        .map(|backend| Candidate::new(backend, 0))
         .collect()
 }
 
@@ -26,6 +23,7 @@ fn pick(ch: &mut ConsistentHash, cands: &[Candidate], key: Option<u64>) -> Pick 
     let input = RouteInput {
         candidates: cands,
         affinity_key: key,
+        prompt_blocks: 0,
     };
     ch.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
 }
@@ -97,7 +95,7 @@ fn capacity_formula() {
     let cands: Vec<_> = loads
         .iter()
         .enumerate()
-        .map(|(backend, &in_flight)| Candidate { backend, in_flight })
+        .map(|(backend, &in_flight)| Candidate::new(backend, in_flight))
         .collect();
     // ceil(1.25 * 11 / 4) = ceil(3.4375)
     assert_eq!(ch.capacity(&cands), 4);
@@ -190,16 +188,7 @@ fn off_ring_candidates_are_still_served() {
     assert_eq!(p.reason, Reason::HashRingSpill);
     assert!([5, 6].contains(&p.backend));
 
-    let mixed = [
-        Candidate {
-            backend: 0,
-            in_flight: 9,
-        },
-        Candidate {
-            backend: 7,
-            in_flight: 0,
-        },
-    ];
+    let mixed = [Candidate::new(0, 9), Candidate::new(7, 0)];
     assert_eq!(
         pick(&mut ch, &mixed, Some(key(1))),
         Pick {
@@ -216,7 +205,8 @@ fn empty_candidates_or_ring() {
         .pick(
             &RouteInput {
                 candidates: &[],
-                affinity_key: Some(1)
+                affinity_key: Some(1),
+                prompt_blocks: 0,
             },
             &mut fastrand::Rng::with_seed(0)
         )

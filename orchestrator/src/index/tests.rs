@@ -1,0 +1,294 @@
+use proptest::prelude::*;
+
+use super::model::{self, chain_of, check_against_model, Op};
+use super::{IndexConfig, PrefixIndex, PrefixMatch};
+
+fn index(max_blocks: usize, capacities: &[usize]) -> PrefixIndex {
+    let mut index = PrefixIndex::new(IndexConfig { max_blocks });
+    for (b, &cap) in capacities.iter().enumerate() {
+        index.set_capacity(b, cap);
+    }
+    index
+}
+
+fn matched(index: &PrefixIndex, blocks: &[u64]) -> Vec<u32> {
+    let mut out = PrefixMatch::default();
+    index.match_prefix(blocks, &mut out);
+    assert_eq!(out.longest, out.matched.iter().copied().max().unwrap_or(0));
+    index.assert_invariants();
+    out.matched
+}
+
+// === unit tests ===
+
+#[test]
+fn empty_index_matches_nothing() {
+    let idx = index(100, &[10, 10]);
+    assert_eq!(matched(&idx, &[1, 2, 3]), [0, 0]);
+    assert_eq!(matched(&idx, &[]), [0, 0]);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (0, 0));
+}
+
+#[test]
+fn one_chain_is_one_node() {
+    let mut idx = index(100, &[10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    assert_eq!(
+        (idx.node_count(), idx.total_blocks(), idx.held_blocks(0)),
+        (1, 4, 4)
+    );
+    assert_eq!(matched(&idx, &[1, 2, 3, 4, 5]), [4]);
+    assert_eq!(matched(&idx, &[1, 2, 9]), [2]);
+    assert_eq!(matched(&idx, &[2]), [0]);
+}
+
+#[test]
+fn diverging_chain_splits_the_edge() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(1, &[1, 2, 5], 2);
+    // [1,2] {0,1} -> [3,4] {0}, [5] {1}
+    assert_eq!((idx.node_count(), idx.total_blocks()), (3, 5));
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [4, 2]);
+    assert_eq!(matched(&idx, &[1, 2, 5]), [2, 3]);
+    assert_eq!(matched(&idx, &[1]), [1, 1]);
+}
+
+#[test]
+fn shorter_touch_splits_then_full_touch_merges_back() {
+    let mut idx = index(100, &[10]);
+    idx.insert(0, &[1, 2, 3], 1);
+    idx.insert(0, &[1, 2], 2);
+    assert_eq!(idx.node_count(), 2, "[1,2]@2 above [3]@1");
+    idx.insert(0, &[1, 2, 3], 3);
+    assert_eq!(idx.node_count(), 1, "all at 3 again");
+    // An older touch of a prefix changes nothing, so it does not split.
+    idx.insert(0, &[1], 0);
+    assert_eq!(idx.node_count(), 1);
+    assert_eq!(matched(&idx, &[1, 2, 3]), [3]);
+}
+
+#[test]
+fn extending_a_leaf_merges_into_it() {
+    let mut idx = index(100, &[10]);
+    idx.insert(0, &[1, 2], 5);
+    idx.insert(0, &[1, 2, 3, 4], 5);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (1, 4));
+}
+
+#[test]
+fn removing_a_branch_prunes_and_merges() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(1, &[1, 2, 5], 1);
+    idx.remove(1, &[1, 2, 5], 2);
+    // [5] pruned; [1,2] still has both holders, so no merge yet.
+    assert_eq!((idx.node_count(), idx.total_blocks()), (2, 4));
+    assert_eq!(matched(&idx, &[1, 2, 5]), [2, 2]);
+    idx.remove(1, &[1, 2, 5], 0);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (1, 4));
+    assert_eq!(idx.held_blocks(1), 0);
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [4, 0]);
+}
+
+#[test]
+fn removing_mid_edge_drops_descendants() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(0, &[1, 2, 3, 7, 8], 1);
+    idx.insert(1, &[1, 2, 3, 4], 1);
+    idx.remove(0, &[1, 2, 9], 1);
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [1, 4]);
+    assert_eq!(matched(&idx, &[1, 2, 3, 7, 8]), [1, 3]);
+    assert_eq!((idx.held_blocks(0), idx.total_blocks()), (1, 4));
+    // Not held, past the end, unknown backend: no-ops.
+    idx.remove(0, &[1, 2, 3, 4], 3);
+    idx.remove(1, &[1, 2, 3, 4], 4);
+    idx.remove(7, &[1], 0);
+    idx.remove(1, &[5, 6], 1);
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [1, 4]);
+}
+
+#[test]
+fn remove_backend_forgets_it_and_undeclares_it() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3], 1);
+    idx.insert(1, &[1, 2, 4], 1);
+    idx.insert(1, &[6], 1);
+    idx.remove_backend(1);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (1, 3));
+    assert_eq!(matched(&idx, &[1, 2, 4]), [2, 0]);
+    idx.insert(1, &[1, 2, 4], 2);
+    assert_eq!(idx.held_blocks(1), 0, "undeclared again");
+    idx.set_capacity(1, 10);
+    idx.insert(1, &[1, 2, 4], 2);
+    assert_eq!(matched(&idx, &[1, 2, 4]), [2, 3]);
+}
+
+#[test]
+fn undeclared_backends_do_not_hold() {
+    let mut idx = index(100, &[]);
+    idx.insert(3, &[1, 2], 1);
+    assert_eq!((idx.node_count(), idx.backend_slots()), (0, 0));
+    idx.set_capacity(3, 4);
+    assert_eq!(matched(&idx, &[1]), [0, 0, 0, 0]);
+    idx.insert(2, &[1, 2], 1);
+    idx.insert(3, &[1, 2], 1);
+    assert_eq!(matched(&idx, &[1, 2]), [0, 0, 0, 2]);
+}
+
+#[test]
+fn over_capacity_keeps_the_leading_blocks() {
+    let mut idx = index(100, &[3]);
+    idx.insert(0, &[1, 2, 3, 4, 5], 1);
+    assert_eq!(matched(&idx, &[1, 2, 3, 4, 5]), [3]);
+    assert_eq!(idx.total_blocks(), 3);
+}
+
+#[test]
+fn capacity_shrink_evicts_least_recently_used_first() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3], 1);
+    idx.insert(0, &[7, 8, 9], 2);
+    idx.insert(1, &[1, 2, 3], 5);
+    idx.set_capacity(0, 4);
+    // [1,2,3]@1 is oldest: its deepest blocks go first.
+    assert_eq!(matched(&idx, &[1, 2, 3]), [1, 3]);
+    assert_eq!(matched(&idx, &[7, 8, 9]), [3, 0]);
+    idx.set_capacity(0, 2);
+    assert_eq!(matched(&idx, &[1, 2, 3]), [0, 3]);
+    assert_eq!(matched(&idx, &[7, 8, 9]), [2, 0]);
+    assert_eq!(idx.total_blocks(), 5, "backend 1 still holds [1,2,3]");
+    idx.set_capacity(0, 0);
+    assert_eq!(idx.held_blocks(0), 0);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (1, 3));
+}
+
+#[test]
+fn equal_times_evict_deepest_first_across_branches() {
+    let mut idx = index(100, &[10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(0, &[1, 2, 5], 1);
+    idx.set_capacity(0, 3);
+    // Depth 3 ([4]) goes first, then one of the depth-2 blocks by hash (3 < 5).
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [2]);
+    assert_eq!(matched(&idx, &[1, 2, 5]), [3]);
+}
+
+#[test]
+fn global_bound_evicts_from_every_holder() {
+    let mut idx = index(5, &[10, 10]);
+    idx.insert(0, &[1, 2, 3], 1);
+    idx.insert(1, &[1, 2, 3], 2);
+    idx.insert(1, &[7, 8], 3);
+    assert_eq!(idx.total_blocks(), 5);
+    idx.insert(0, &[9], 4);
+    // Oldest block globally: [3] at max(1, 2) = 2, gone from both holders.
+    assert_eq!(matched(&idx, &[1, 2, 3]), [2, 2]);
+    assert_eq!(matched(&idx, &[9]), [1, 0]);
+    assert_eq!(
+        (idx.held_blocks(0), idx.held_blocks(1), idx.total_blocks()),
+        (3, 4, 5)
+    );
+    let mut idx = index(0, &[10]);
+    idx.insert(0, &[1, 2], 1);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (0, 0));
+}
+
+#[test]
+fn partial_eviction_of_a_shared_edge_splits_it() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(1, &[1, 2, 3, 4], 1);
+    assert_eq!(idx.node_count(), 1);
+    idx.set_capacity(0, 2);
+    assert_eq!(idx.node_count(), 2);
+    assert_eq!(matched(&idx, &[1, 2, 3, 4]), [2, 4]);
+    idx.set_capacity(1, 2);
+    assert_eq!((idx.node_count(), idx.total_blocks()), (1, 2));
+}
+
+// === properties against the brute-force model ===
+
+/// A path in a small prompt tree: few branches, so chains share prefixes and diverge
+/// often.
+fn path() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(0..3u8, 0..9)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let backend = 0..4usize;
+    prop_oneof![
+        1 => (backend.clone(), 0..14usize)
+            .prop_map(|(backend, capacity)| Op::SetCapacity { backend, capacity }),
+        6 => (backend.clone(), path(), 0..12u64).prop_map(|(backend, p, now)| Op::Insert {
+            backend,
+            chain: chain_of(&p),
+            now,
+        }),
+        2 => (backend.clone(), path(), 0..9usize).prop_map(|(backend, p, from)| Op::Remove {
+            backend,
+            chain: chain_of(&p),
+            from,
+        }),
+        1 => backend.prop_map(|backend| Op::RemoveBackend { backend }),
+    ]
+}
+
+/// Declares backends 0..n with the given capacities, then runs `ops`.
+fn with_backends(capacities: Vec<usize>, ops: Vec<Op>) -> Vec<Op> {
+    capacities
+        .into_iter()
+        .enumerate()
+        .map(|(backend, capacity)| Op::SetCapacity { backend, capacity })
+        .chain(ops)
+        .collect()
+}
+
+fn insert() -> impl Strategy<Value = Op> {
+    (0..3usize, path(), 0..8u64).prop_map(|(backend, p, now)| Op::Insert {
+        backend,
+        chain: chain_of(&p),
+        now,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn agrees_with_the_model(
+        max_blocks in prop_oneof![0..40usize, Just(usize::MAX)],
+        capacities in prop::collection::vec(0..16usize, 1..4),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        check_against_model(max_blocks, &with_backends(capacities, ops));
+    }
+
+    /// Replicas converge: the same inserts (same times) in any order give the same
+    /// answers and the same tree, capacity evictions included.
+    #[test]
+    fn inserts_commute(
+        capacities in prop::collection::vec(1..16usize, 3),
+        (inserts, shuffled) in prop::collection::vec(insert(), 1..30)
+            .prop_flat_map(|v| (Just(v.clone()), Just(v).prop_shuffle())),
+    ) {
+        let run = |ops: &[Op]| {
+            let mut idx = index(usize::MAX, &capacities);
+            for op in ops {
+                model::apply(&mut idx, op);
+            }
+            idx.assert_invariants();
+            idx
+        };
+        let (a, b) = (run(&inserts), run(&shuffled));
+        prop_assert_eq!(a.node_count(), b.node_count());
+        prop_assert_eq!(a.total_blocks(), b.total_blocks());
+        for backend in 0..3 {
+            prop_assert_eq!(a.held_blocks(backend), b.held_blocks(backend));
+        }
+        for probe in model::probes(&inserts) {
+            prop_assert_eq!(matched(&a, &probe), matched(&b, &probe));
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Prefix aware: send a request where its prompt is already cached, unless waiting
+//! there would cost more than recomputing the prompt somewhere idle.
+//!
+//! The gateway looks the prompt's block hashes up in its prefix-index replica and
+//! passes, per candidate, the leading blocks that backend holds (`matched_blocks`), its
+//! fleet-wide in-flight count, the engine's scraped waiting queue, its learned prefill
+//! cost and whether the request's session is bound to it. Each candidate gets an
+//! estimated time to first token:
+//!
+//! ```text
+//! est_ttft_ns = queue_ns_per_request * (in_flight + engine_waiting)
+//!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
+//! ```
+//!
+//! and the pick goes, in order:
+//!
+//! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
+//! 2. when the longest match is shorter than `min_match_blocks`, to the least loaded
+//!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
+//! 3. otherwise to the unsaturated candidate with the longest match inside the tie band
+//!    (estimates within `hysteresis` of the best, plus [`TIE_FLOOR_NS`]), then the least
+//!    loaded, then a seeded random one: [`Reason::LongestPrefix`] when it holds the
+//!    longest match, [`Reason::SpilledFromSaturated`] when every holder of the longest
+//!    match is saturated, [`Reason::FallbackLeastLoaded`] when load beat affinity;
+//! 4. when every candidate is saturated, to the least loaded
+//!    ([`Reason::SpilledFromSaturated`]).
+//!
+//! This is how a hot prefix replicates: the gateway inserts the prompt's blocks for
+//! whichever backend it picks, so a spill target becomes a second holder, and later
+//! ties between holders go to the least loaded of them.
+//!
+//! "Least loaded" counts `in_flight + engine_waiting` throughout; ties among equals
+//! are broken by the caller's seeded RNG (reservoir sampling, one pass, no scratch), so a
+//! pick allocates nothing and replays exactly under the same seed and candidate order.
+
+use std::cmp::Reverse;
+
+use super::{Candidate, Pick, Reason, RouteInput, RoutingPolicy};
+
+/// Absolute width added to the relative tie band, so near-zero estimates (an idle
+/// fleet and a fully cached prompt) still leave room for ties instead of letting a few
+/// microseconds of difference decide. 1 ms is a fifth of the default per-request queue
+/// cost, so one extra queued request is never a tie on its own.
+pub const TIE_FLOOR_NS: f64 = 1_000_000.0;
+
+/// The cost model and thresholds of `prefix_aware`.
+///
+/// Defaults, and why (the lead tunes them with the simulator; they stay config):
+///
+/// - `tokens_per_block = 16`: blocks are 64 bytes of canonical prompt, about 16 tokens
+///   of English text at ~4 bytes per token.
+/// - `default_prefill_ns_per_token = 20_000` (20 µs): what the simulated engine
+///   charges; a block then costs 320 µs to prefill.
+/// - `queue_ns_per_request = 5_000_000` (5 ms): one request ahead delays the first
+///   token by about one short prefill's worth. This is the exchange rate between load
+///   and affinity: 16 matched blocks (256 tokens) are worth one queued request. A 6 KB
+///   document is 96 blocks × 16 tok × 20 µs ≈ 31 ms of prefill saved, so its holder
+///   keeps the document's requests while it has up to six more queued than a cold
+///   backend; the next one spills, and the spill target becomes a second holder. A larger queue cost lets load swamp affinity (short
+///   shared prompts would never hit); a smaller one lets a hot document pile up.
+/// - `min_match_blocks = 2`: a one-block match (a chat template's opening, shared
+///   by every prompt) says nothing about where the rest lives; below two blocks the
+///   policy is plain least-loaded.
+/// - `saturation_inflight = 32`: a hard cap on top of the estimate. The estimate
+///   alone would let a 32k-token document (≈ 640 ms of prefill) sit behind 128 queued
+///   requests, and it trusts counts that lag during a burst; no backend takes a new
+///   request at 32 outstanding while another has room, which bounds any hot spot.
+/// - `hysteresis = 0.1`: estimates within 10% (+ [`TIE_FLOOR_NS`]) of the best are a
+///   tie, and ties go to the longest match, so small load jitter does not flap a
+///   prefix between backends (each flap costs a full prefill and a cache copy). The
+///   band is relative, so it widens with the prompt's own cold prefill: for long
+///   prompts a few queued requests count as noise next to hundreds of milliseconds of
+///   recomputation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefixAwareConfig {
+    /// Prompt tokens per block (64-byte blocks ≈ 16 tokens). Negative, NaN or
+    /// infinite values count as 0 (prefill then costs nothing: load alone decides,
+    /// ties to the longest match).
+    pub tokens_per_block: f64,
+    /// Prefill cost for candidates without a learned one, in ns per token.
+    pub default_prefill_ns_per_token: u32,
+    /// Expected delay each request ahead adds (in flight + engine waiting), in ns.
+    pub queue_ns_per_request: u64,
+    /// A longest match below this many blocks routes as least-loaded (at least 1 is
+    /// used: a match of nothing is never affinity).
+    pub min_match_blocks: u32,
+    /// A backend with `in_flight + engine_waiting` at or above this is saturated and
+    /// takes a request only when every candidate is (0 marks every backend saturated).
+    pub saturation_inflight: u32,
+    /// Relative estimated-TTFT band treated as a tie (0.1: within 10% of the best).
+    /// Negative, NaN or infinite values count as 0.
+    pub hysteresis: f64,
+}
+
+impl Default for PrefixAwareConfig {
+    fn default() -> Self {
+        Self {
+            tokens_per_block: 16.0,
+            default_prefill_ns_per_token: 20_000,
+            queue_ns_per_request: 5_000_000,
+            min_match_blocks: 2,
+            saturation_inflight: 32,
+            hysteresis: 0.1,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PrefixAware {
+    tokens_per_block: f64,
+    default_prefill_ns_per_token: u32,
+    queue_ns_per_request: f64,
+    min_match_blocks: u32,
+    saturation: u64,
+    /// `1 + hysteresis`.
+    band: f64,
+}
+
+// === impl PrefixAware ===
+
+impl PrefixAware {
+    pub fn new(config: &PrefixAwareConfig) -> Self {
+        let non_negative = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        Self {
+            tokens_per_block: non_negative(config.tokens_per_block),
+            default_prefill_ns_per_token: config.default_prefill_ns_per_token,
+            queue_ns_per_request: config.queue_ns_per_request as f64,
+            min_match_blocks: config.min_match_blocks.max(1),
+            saturation: u64::from(config.saturation_inflight),
+            band: 1.0 + non_negative(config.hysteresis),
+        }
+    }
+
+    /// The candidate's estimated time to first token for a prompt of `prompt_blocks`
+    /// complete blocks, in ns (see the module docs for the formula).
+    pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
+        let queue = self.queue_ns_per_request * load(candidate) as f64;
+        let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
+        if missing == 0 {
+            // Also keeps an infinite per-block cost from turning into NaN.
+            return queue;
+        }
+        let per_token = match candidate.prefill_ns_per_token {
+            0 => self.default_prefill_ns_per_token,
+            learned => learned,
+        };
+        queue + f64::from(per_token) * self.tokens_per_block * f64::from(missing)
+    }
+
+    pub fn is_saturated(&self, candidate: &Candidate) -> bool {
+        load(candidate) >= self.saturation
+    }
+}
+
+impl RoutingPolicy for PrefixAware {
+    fn pick(&mut self, input: &RouteInput<'_>, rng: &mut fastrand::Rng) -> Option<Pick> {
+        let candidates = input.candidates;
+        let prompt_blocks = input.prompt_blocks;
+        let pick = |c: Candidate, reason| {
+            Some(Pick {
+                backend: c.backend,
+                reason,
+            })
+        };
+
+        // 1. The session's home, unless saturated.
+        let home = choose(candidates, rng, |c| {
+            (c.session_home && !self.is_saturated(c)).then(|| load(c))
+        });
+        if let Some(c) = home {
+            return pick(c, Reason::SessionAffinity);
+        }
+
+        // The longest match, whether an unsaturated backend holds it, and the best
+        // estimate among unsaturated backends.
+        let mut best = 0;
+        let mut best_open = false;
+        let mut min_est = f64::INFINITY;
+        let mut any_open = false;
+        for c in candidates {
+            let open = !self.is_saturated(c);
+            if c.matched_blocks > best {
+                best = c.matched_blocks;
+                best_open = open;
+            } else if c.matched_blocks == best {
+                best_open |= open;
+            }
+            if open {
+                any_open = true;
+                min_est = min_est.min(self.est_ttft_ns(c, prompt_blocks));
+            }
+        }
+
+        // 2. Too short a match to matter: least loaded.
+        if best < self.min_match_blocks {
+            let reason = if best == 0 {
+                Reason::NoMatch
+            } else {
+                Reason::FallbackLeastLoaded
+            };
+            return choose(candidates, rng, |c| Some(load(c))).and_then(|c| pick(c, reason));
+        }
+
+        // 4. Everyone saturated: least loaded overall. (Step 2 returned already, so the
+        // match was long enough to count, and the pick is a spill.)
+        if !any_open {
+            return choose(candidates, rng, |c| Some(load(c)))
+                .and_then(|c| pick(c, Reason::SpilledFromSaturated));
+        }
+
+        // 3. The tie band: longest match first, then least loaded, then the RNG.
+        let threshold = min_est * self.band + TIE_FLOOR_NS;
+        let chosen = choose(candidates, rng, |c| {
+            (!self.is_saturated(c) && self.est_ttft_ns(c, prompt_blocks) <= threshold)
+                .then(|| (Reverse(c.matched_blocks), load(c)))
+        })?;
+        let reason = if chosen.matched_blocks == best {
+            Reason::LongestPrefix
+        } else if !best_open {
+            Reason::SpilledFromSaturated
+        } else {
+            Reason::FallbackLeastLoaded
+        };
+        pick(chosen, reason)
+    }
+}
+
+/// Requests ahead of a new one on this backend, as far as the gateway knows.
+fn load(c: &Candidate) -> u64 {
+    u64::from(c.in_flight) + u64::from(c.engine_waiting)
+}
+
+/// The candidate with the smallest key (`None` excludes it); equal keys are broken
+/// uniformly by `rng` in one pass (reservoir sampling), which draws only on ties.
+fn choose<K: Ord>(
+    candidates: &[Candidate],
+    rng: &mut fastrand::Rng,
+    mut key: impl FnMut(&Candidate) -> Option<K>,
+) -> Option<Candidate> {
+    let mut best: Option<(K, Candidate)> = None;
+    let mut ties = 0u32;
+    for c in candidates {
+        let Some(k) = key(c) else { continue };
+        match &best {
+            Some((b, _)) if k > *b => {}
+            Some((b, _)) if k == *b => {
+                ties += 1;
+                if rng.u32(..ties) == 0 {
+                    best = Some((k, *c));
+                }
+            }
+            _ => {
+                best = Some((k, *c));
+                ties = 1;
+            }
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests;

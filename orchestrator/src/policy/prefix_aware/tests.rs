@@ -1,0 +1,439 @@
+//! Unit tests for `prefix_aware`: one situation per reason, the tie band, tie-breaking
+//! by load then seed, saturation, sessions, and a hot prefix replicating. Seeds are
+//! fixed, so nothing here can flake.
+
+use super::*;
+use crate::policy::{build_policy, BackendIdx, PolicyConfig, PolicyName};
+
+const MS: f64 = 1_000_000.0;
+
+/// A candidate holding `matched` leading blocks with `in_flight` requests in flight.
+fn c(backend: BackendIdx, in_flight: u32, matched: u32) -> Candidate {
+    Candidate {
+        matched_blocks: matched,
+        ..Candidate::new(backend, in_flight)
+    }
+}
+
+fn defaults() -> PrefixAware {
+    PrefixAware::new(&PrefixAwareConfig::default())
+}
+
+fn pick_seeded(p: &mut PrefixAware, cands: &[Candidate], prompt_blocks: u32, seed: u64) -> Pick {
+    let input = RouteInput {
+        candidates: cands,
+        affinity_key: Some(7),
+        prompt_blocks,
+    };
+    p.pick(&input, &mut fastrand::Rng::with_seed(seed)).unwrap()
+}
+
+fn pick(p: &mut PrefixAware, cands: &[Candidate], prompt_blocks: u32) -> Pick {
+    pick_seeded(p, cands, prompt_blocks, 0)
+}
+
+fn picked(backend: BackendIdx, reason: Reason) -> Pick {
+    Pick { backend, reason }
+}
+
+/// The backends `pick` chooses over seeds 0..64, as a bitset.
+fn spread(p: &mut PrefixAware, cands: &[Candidate], prompt_blocks: u32, reason: Reason) -> u64 {
+    (0..64).fold(0, |seen, seed| {
+        let pick = pick_seeded(p, cands, prompt_blocks, seed);
+        assert_eq!(pick.reason, reason);
+        seen | 1 << pick.backend
+    })
+}
+
+#[test]
+fn default_config() {
+    assert_eq!(
+        PrefixAwareConfig::default(),
+        PrefixAwareConfig {
+            tokens_per_block: 16.0,
+            default_prefill_ns_per_token: 20_000,
+            queue_ns_per_request: 5_000_000,
+            min_match_blocks: 2,
+            saturation_inflight: 32,
+            hysteresis: 0.1,
+        }
+    );
+}
+
+#[test]
+fn est_ttft_formula() {
+    let p = defaults();
+    let mut x = Candidate {
+        engine_waiting: 1,
+        ..c(0, 2, 10)
+    };
+    // 3 ahead × 5 ms + 20 missing blocks × 16 tok × 20 µs.
+    assert_eq!(p.est_ttft_ns(&x, 30), 15.0 * MS + 6.4 * MS);
+    x.prefill_ns_per_token = 10_000;
+    assert_eq!(p.est_ttft_ns(&x, 30), 15.0 * MS + 3.2 * MS);
+    // Fully cached (or an index claiming more than the prompt): queueing only.
+    assert_eq!(p.est_ttft_ns(&x, 10), 15.0 * MS);
+    assert_eq!(p.est_ttft_ns(&x, 4), 15.0 * MS);
+
+    let odd = PrefixAware::new(&PrefixAwareConfig {
+        tokens_per_block: f64::NAN,
+        ..PrefixAwareConfig::default()
+    });
+    assert_eq!(odd.est_ttft_ns(&x, 30), 15.0 * MS);
+    let huge = PrefixAware::new(&PrefixAwareConfig {
+        tokens_per_block: 1e305,
+        ..PrefixAwareConfig::default()
+    });
+    assert_eq!(huge.est_ttft_ns(&x, 10), 15.0 * MS);
+    assert_eq!(huge.est_ttft_ns(&x, 30), f64::INFINITY);
+}
+
+#[test]
+fn saturation_counts_the_engine_queue() {
+    let p = defaults();
+    assert!(!p.is_saturated(&c(0, 31, 0)));
+    assert!(p.is_saturated(&c(0, 32, 0)));
+    let queued = Candidate {
+        engine_waiting: 12,
+        ..c(0, 20, 0)
+    };
+    assert!(p.is_saturated(&queued));
+}
+
+#[test]
+fn no_match_goes_to_the_least_loaded() {
+    let mut p = defaults();
+    let cands = [c(0, 4, 0), c(1, 1, 0), c(2, 3, 0)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::NoMatch));
+    // A prompt shorter than one block can match nothing.
+    assert_eq!(pick(&mut p, &cands, 0), picked(1, Reason::NoMatch));
+    // Engine queues count as load too.
+    let queued = [
+        c(0, 4, 0),
+        Candidate {
+            engine_waiting: 5,
+            ..c(1, 1, 0)
+        },
+        c(2, 3, 0),
+    ];
+    assert_eq!(pick(&mut p, &queued, 50), picked(2, Reason::NoMatch));
+}
+
+#[test]
+fn a_match_below_the_minimum_routes_least_loaded() {
+    let mut p = defaults();
+    // One block is below min_match_blocks = 2: the holder's cache does not count.
+    let cands = [c(0, 3, 1), c(1, 0, 0), c(2, 2, 1)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // Even when the least loaded holds that block, it is a fallback, not affinity.
+    let cands = [c(0, 3, 0), c(1, 0, 1)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // Saturated backends are not avoided here: least loaded is least loaded.
+    let cands = [c(0, 40, 0), c(1, 33, 1)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+}
+
+#[test]
+fn min_match_blocks_zero_still_means_no_match() {
+    let mut p = PrefixAware::new(&PrefixAwareConfig {
+        min_match_blocks: 0,
+        ..PrefixAwareConfig::default()
+    });
+    let cands = [c(0, 3, 0), c(1, 1, 0)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::NoMatch));
+    // With 0 as the minimum, one matched block is enough for affinity.
+    let cands = [c(0, 0, 0), c(1, 0, 1)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::LongestPrefix));
+}
+
+#[test]
+fn the_longest_prefix_wins_while_load_is_close() {
+    let mut p = defaults();
+    let cands = [c(0, 0, 0), c(1, 2, 40), c(2, 1, 12)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::LongestPrefix));
+}
+
+#[test]
+fn load_beats_a_short_match() {
+    let mut p = defaults();
+    // Holder: 3 × 5 ms + 46 blocks × 0.32 ms = 29.72 ms; idle: 50 × 0.32 = 16 ms,
+    // band up to 18.6 ms.
+    let cands = [c(0, 3, 4), c(1, 0, 0)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+}
+
+#[test]
+fn the_documented_exchange_rate() {
+    // A 6 KB document (96 blocks) plus a 4-block question: the holder keeps it with up
+    // to six more requests than an idle backend, and the seventh spills.
+    let mut p = defaults();
+    for ahead in 0..=6 {
+        let cands = [c(0, ahead, 96), c(1, 0, 0)];
+        assert_eq!(pick(&mut p, &cands, 100), picked(0, Reason::LongestPrefix));
+    }
+    let cands = [c(0, 7, 96), c(1, 0, 0)];
+    assert_eq!(
+        pick(&mut p, &cands, 100),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // Relative to the other backends' load, not absolute.
+    let cands = [c(0, 11, 96), c(1, 5, 0)];
+    assert_eq!(pick(&mut p, &cands, 100), picked(0, Reason::LongestPrefix));
+}
+
+#[test]
+fn a_saturated_holder_spills() {
+    let mut p = defaults();
+    let cands = [c(0, 32, 40), c(1, 5, 0), c(2, 1, 0)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(2, Reason::SpilledFromSaturated)
+    );
+    // Saturated by the engine's own queue.
+    let queued = [
+        Candidate {
+            engine_waiting: 30,
+            ..c(0, 2, 40)
+        },
+        c(1, 5, 0),
+    ];
+    assert_eq!(
+        pick(&mut p, &queued, 50),
+        picked(1, Reason::SpilledFromSaturated)
+    );
+    // A holder of a shorter prefix is preferred as the spill target.
+    let cands = [c(0, 32, 40), c(1, 1, 20), c(2, 0, 0)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(1, Reason::SpilledFromSaturated)
+    );
+}
+
+#[test]
+fn an_unsaturated_holder_takes_it_when_another_is_saturated() {
+    let mut p = defaults();
+    let cands = [c(0, 32, 40), c(1, 2, 40), c(2, 0, 0)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::LongestPrefix));
+}
+
+#[test]
+fn everyone_saturated_goes_to_the_least_loaded() {
+    let mut p = defaults();
+    let cands = [c(0, 33, 40), c(1, 40, 0), c(2, 32, 0)];
+    assert_eq!(
+        pick(&mut p, &cands, 50),
+        picked(2, Reason::SpilledFromSaturated)
+    );
+    assert_eq!(
+        spread(
+            &mut p,
+            &[c(0, 40, 40), c(1, 32, 0), c(2, 32, 3)],
+            50,
+            Reason::SpilledFromSaturated
+        ),
+        0b110
+    );
+}
+
+#[test]
+fn session_affinity_is_honoured_unless_saturated() {
+    let mut p = defaults();
+    let home = |in_flight| Candidate {
+        session_home: true,
+        ..c(2, in_flight, 0)
+    };
+    // The home wins over a long cached prefix and over an idle backend.
+    let cands = [c(0, 0, 0), c(1, 1, 40), home(20)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(2, Reason::SessionAffinity));
+    // Saturated: the ordinary rules apply.
+    let cands = [c(0, 0, 0), c(1, 1, 40), home(32)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::LongestPrefix));
+    let cands = [c(0, 0, 0), c(1, 1, 0), home(32)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(0, Reason::NoMatch));
+    // Saturated by the engine queue.
+    let queued = Candidate {
+        engine_waiting: 4,
+        ..home(28)
+    };
+    assert_eq!(
+        pick(&mut p, &[c(0, 0, 0), queued], 50),
+        picked(0, Reason::NoMatch)
+    );
+}
+
+#[test]
+fn ties_go_to_the_least_loaded_then_the_rng() {
+    let mut p = defaults();
+    // Two holders of the same prefix: the less loaded one.
+    let cands = [c(0, 3, 40), c(1, 1, 40), c(2, 9, 0)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::LongestPrefix));
+    // Equally loaded holders share the work by seed, and the non-holder never gets it.
+    let cands = [c(0, 2, 40), c(1, 2, 40), c(2, 0, 0), c(3, 2, 40)];
+    assert_eq!(spread(&mut p, &cands, 50, Reason::LongestPrefix), 0b1011);
+    // The same seed replays the same pick.
+    assert_eq!(
+        pick_seeded(&mut p, &cands, 50, 42),
+        pick_seeded(&mut p, &cands, 50, 42)
+    );
+    // Without matches: the least loaded ones, by seed.
+    let cands = [c(0, 1, 0), c(1, 4, 0), c(2, 1, 0), c(3, 1, 0)];
+    assert_eq!(spread(&mut p, &cands, 50, Reason::NoMatch), 0b1101);
+}
+
+#[test]
+fn within_the_band_the_longest_match_beats_a_lower_estimate() {
+    // Idle backend: 100 × 0.32 ms = 32 ms. Holder of 30: 5 ms × L + 22.4 ms.
+    let config = |hysteresis| PrefixAwareConfig {
+        hysteresis,
+        ..PrefixAwareConfig::default()
+    };
+    let mut wide = PrefixAware::new(&config(0.2)); // band up to 32 × 1.2 + 1 = 39.4 ms
+    let mut none = PrefixAware::new(&config(0.0)); // band up to 33 ms
+    let at = |l| [c(0, 0, 0), c(1, l, 30)];
+    // L = 2: 32.4 ms, a tie in both (the 1 ms floor covers the 0.4 ms).
+    assert_eq!(
+        pick(&mut wide, &at(2), 100),
+        picked(1, Reason::LongestPrefix)
+    );
+    assert_eq!(
+        pick(&mut none, &at(2), 100),
+        picked(1, Reason::LongestPrefix)
+    );
+    // L = 3: 37.4 ms, a tie only in the 20% band.
+    assert_eq!(
+        pick(&mut wide, &at(3), 100),
+        picked(1, Reason::LongestPrefix)
+    );
+    assert_eq!(
+        pick(&mut none, &at(3), 100),
+        picked(0, Reason::FallbackLeastLoaded)
+    );
+    // L = 4: 42.4 ms, outside both.
+    assert_eq!(
+        pick(&mut wide, &at(4), 100),
+        picked(0, Reason::FallbackLeastLoaded)
+    );
+    // Negative or NaN hysteresis counts as none.
+    for odd in [-1.0, f64::NAN] {
+        let mut p = PrefixAware::new(&config(odd));
+        assert_eq!(
+            pick(&mut p, &at(3), 100),
+            picked(0, Reason::FallbackLeastLoaded)
+        );
+    }
+}
+
+#[test]
+fn the_floor_keeps_tiny_estimates_a_tie() {
+    let mut p = PrefixAware::new(&PrefixAwareConfig {
+        hysteresis: 0.0,
+        ..PrefixAwareConfig::default()
+    });
+    let slow = |prefill, matched| Candidate {
+        prefill_ns_per_token: prefill,
+        ..c(0, 0, matched)
+    };
+    let fast = Candidate {
+        prefill_ns_per_token: 10_000,
+        ..c(1, 0, 8)
+    };
+    // The holder of 10/12 on a slow engine: 2 × 16 × 40 µs = 1.28 ms; the holder of
+    // 8/12 on a fast one: 4 × 16 × 10 µs = 0.64 ms. Within 1 ms: the longer match.
+    assert_eq!(
+        pick(&mut p, &[slow(40_000, 10), fast], 12),
+        picked(0, Reason::LongestPrefix)
+    );
+    // 60 µs per token: 1.92 ms, more than 1 ms behind: the faster engine.
+    assert_eq!(
+        pick(&mut p, &[slow(60_000, 10), fast], 12),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // Everything cached everywhere (all estimates 0): still a tie, spread by seed.
+    let cands = [c(0, 0, 12), c(1, 0, 12), c(2, 0, 12)];
+    assert_eq!(spread(&mut p, &cands, 12, Reason::LongestPrefix), 0b111);
+}
+
+#[test]
+fn a_hot_prefix_replicates_instead_of_piling_up() {
+    // One 96-block document asked about 100 times, nothing completing: the gateway
+    // records each pick as a holder, as it inserts the prompt's blocks.
+    let mut p = defaults();
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut cands: Vec<Candidate> = (0..4).map(|b| Candidate::new(b, 0)).collect();
+    let mut reasons = Vec::new();
+    let mut order = Vec::new();
+    for _ in 0..100 {
+        let input = RouteInput {
+            candidates: &cands,
+            affinity_key: Some(1),
+            prompt_blocks: 100,
+        };
+        let Pick { backend, reason } = p.pick(&input, &mut rng).unwrap();
+        reasons.push(reason);
+        if !order.contains(&backend) {
+            order.push(backend);
+        }
+        cands[backend].in_flight += 1;
+        cands[backend].matched_blocks = 96;
+    }
+    // Seven to the first holder, then load beats affinity and a second backend
+    // becomes a holder; and so on until all four hold it.
+    assert_eq!(reasons[0], Reason::NoMatch);
+    for start in [7, 14, 21] {
+        assert_eq!(reasons[start], Reason::FallbackLeastLoaded);
+        assert!(reasons[start + 1..start + 7]
+            .iter()
+            .all(|&r| r == Reason::LongestPrefix));
+    }
+    assert_eq!(order.len(), 4);
+    // From then on ties between holders go to the least loaded: loads stay level.
+    assert!(reasons[21..]
+        .iter()
+        .skip(1)
+        .all(|&r| r == Reason::LongestPrefix));
+    assert!(cands.iter().all(|c| c.in_flight == 25), "{cands:?}");
+}
+
+#[test]
+fn no_candidates_no_pick() {
+    let mut p = defaults();
+    let input = RouteInput {
+        candidates: &[],
+        affinity_key: None,
+        prompt_blocks: 10,
+    };
+    assert_eq!(p.pick(&input, &mut fastrand::Rng::with_seed(0)), None);
+}
+
+#[test]
+fn the_factory_passes_the_prefix_config() {
+    let config = PolicyConfig {
+        prefix: PrefixAwareConfig {
+            min_match_blocks: 50,
+            ..PrefixAwareConfig::default()
+        },
+        ..PolicyConfig::default()
+    };
+    let mut policy = build_policy(PolicyName::PrefixAware, &config);
+    assert_eq!(policy.name(), PolicyName::PrefixAware);
+    let cands = [c(0, 0, 0), c(1, 1, 40)];
+    let input = RouteInput {
+        candidates: &cands,
+        affinity_key: None,
+        prompt_blocks: 60,
+    };
+    let pick = policy.pick(&input, &mut fastrand::Rng::with_seed(0));
+    assert_eq!(pick, Some(picked(0, Reason::FallbackLeastLoaded)));
+}

@@ -1,0 +1,188 @@
+//! Prefix-aware routing end to end: replicas converging across shards, the
+//! est-TTFT policy's reasons and headers, session affinity, rollback of a failed
+//! attempt, and the closed loop against the engines' reported cached tokens.
+
+mod common;
+
+use common::*;
+use radixgate::engine_sim::EngineConfig;
+use std::collections::HashSet;
+use std::time::Duration;
+
+fn doc_question(doc: usize, q: usize) -> String {
+    let text: String = (0..60).map(|i| format!("doc{doc}-sentence{i} ")).collect();
+    format!(
+        r#"{{"model":"sim","max_tokens":2,"messages":[{{"role":"system","content":"{text}"}},{{"role":"user","content":"question {q}"}}]}}"#
+    )
+}
+
+fn fleet(
+    io: &str,
+    n: usize,
+    shards: usize,
+    extra: &str,
+) -> (Vec<radixgate::engine_sim::EngineHandle>, radixgate::Gateway) {
+    let engines: Vec<_> = (0..n)
+        .map(|_| start_engine(io, EngineConfig::instant("sim")))
+        .collect();
+    let ids = ["e0", "e1", "e2", "e3"];
+    let backends: Vec<_> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (ids[i], e.url(), "sim"))
+        .collect();
+    let gw = start_gateway(
+        io,
+        shards,
+        &format!("[routing]\npolicy = \"prefix_aware\"\n{extra}"),
+        &backends,
+    );
+    (engines, gw)
+}
+
+fn replicas_converge_across_shards(io: &str) {
+    let (_engines, gw) = fleet(io, 3, 2, "");
+    let addr = gw.local_addr();
+    // Seed one document on one shard (one connection = one shard).
+    let first = Client::connect(addr).post("/v1/chat/completions", &doc_question(7, 0), &[]);
+    let home = first.header("x-router-backend").unwrap().to_string();
+    // Wait until every shard's replica has the blocks (lag 0).
+    assert!(eventually(Duration::from_secs(5), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_replica_lag_events{shard=\"0\"}") == Some(0.0)
+            && metric(&m, "radixgate_replica_lag_events{shard=\"1\"}") == Some(0.0)
+            && metric(&m, "radixgate_index_blocks{copy=\"shard-0\"}")
+                == metric(&m, "radixgate_index_blocks{copy=\"shard-1\"}")
+            && metric(&m, "radixgate_index_blocks{copy=\"shard-0\"}").unwrap_or(0.0) > 0.0
+    }));
+    // Many fresh connections spread over both shards; all follow the prefix home.
+    let mut homes = HashSet::new();
+    for q in 1..12 {
+        let r = Client::connect(addr).post("/v1/chat/completions", &doc_question(7, q), &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-router-reason"), Some("longest-prefix"));
+        assert!(
+            r.header("x-router-match-blocks")
+                .unwrap()
+                .parse::<u32>()
+                .unwrap()
+                > 10
+        );
+        homes.insert(r.header("x-router-backend").unwrap().to_string());
+        // The engine confirms: its cache had the document.
+        assert!(
+            r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+                > 100
+        );
+    }
+    assert_eq!(homes, HashSet::from([home]));
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(
+        metric(&m, "radixgate_replica_lag_seconds_count{shard=\"all\"}").unwrap() >= 1.0,
+        "{m}"
+    );
+}
+both_drivers!(replicas_converge_across_shards);
+
+fn documents_spread_and_stick(io: &str) {
+    let (_engines, gw) = fleet(io, 3, 1, "");
+    let mut c = Client::connect(gw.local_addr());
+    let mut home_of = std::collections::HashMap::new();
+    for round in 0..3 {
+        for doc in 0..6 {
+            let r = c.post("/v1/chat/completions", &doc_question(doc, round), &[]);
+            let b = r.header("x-router-backend").unwrap().to_string();
+            if round == 0 {
+                assert_eq!(r.header("x-router-reason"), Some("no-match"));
+                home_of.insert(doc, b);
+            } else {
+                assert_eq!(r.header("x-router-reason"), Some("longest-prefix"));
+                assert_eq!(home_of[&doc], b, "doc {doc} moved");
+            }
+        }
+    }
+    let used: HashSet<_> = home_of.values().collect();
+    assert!(used.len() >= 2, "new documents spread by load: {home_of:?}");
+    // Predicted cached tokens track what the engines reported.
+    let m = c.get("/metrics").text();
+    let predicted: f64 = ["e0", "e1", "e2"]
+        .iter()
+        .map(|b| {
+            metric(
+                &m,
+                &format!("radixgate_cached_tokens_predicted_total{{backend=\"{b}\"}}"),
+            )
+            .unwrap()
+        })
+        .sum();
+    let reported: f64 = ["e0", "e1", "e2"]
+        .iter()
+        .map(|b| {
+            metric(
+                &m,
+                &format!("radixgate_cached_tokens_reported_total{{backend=\"{b}\"}}"),
+            )
+            .unwrap()
+        })
+        .sum();
+    assert!(reported > 0.0 && predicted > 0.0);
+    assert!(
+        (predicted - reported).abs() / reported < 0.2,
+        "predicted {predicted} vs reported {reported}"
+    );
+}
+both_drivers!(documents_spread_and_stick);
+
+fn session_affinity(io: &str) {
+    let (_engines, gw) = fleet(io, 3, 2, "");
+    let addr = gw.local_addr();
+    let mut homes = HashSet::new();
+    for turn in 0..5 {
+        // Different short prompts each turn: only the session ties them together.
+        let body = format!(
+            r#"{{"model":"sim","max_tokens":1,"messages":[{{"role":"user","content":"turn {turn}"}}]}}"#
+        );
+        let r = Client::connect(addr).post(
+            "/v1/chat/completions",
+            &body,
+            &[("X-Session-ID", "conv-42")],
+        );
+        if turn > 0 {
+            assert_eq!(r.header("x-router-reason"), Some("session-affinity"));
+        }
+        homes.insert(r.header("x-router-backend").unwrap().to_string());
+        std::thread::sleep(Duration::from_millis(30)); // let the binding replicate
+    }
+    assert_eq!(homes.len(), 1);
+}
+both_drivers!(session_affinity);
+
+fn failed_attempt_is_rolled_back(io: &str) {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.refuse_rate = 1.0;
+    let bad = start_engine(io, cfg);
+    let gw = start_gateway(
+        io,
+        1,
+        "[routing]\npolicy = \"prefix_aware\"\n[health]\ninterval_ms = 60000",
+        &[("bad", bad.url(), "sim")],
+    );
+    let mut c = Client::connect(gw.local_addr());
+    let r = c.post("/v1/chat/completions", &doc_question(1, 0), &[]);
+    assert_eq!(r.status, 502);
+    let m = c.get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_index_blocks{copy=\"shard-0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    let r = Client::connect(gw.local_addr()).post("/v1/chat/completions", &doc_question(1, 1), &[]);
+    assert_eq!(
+        r.header("x-router-match-blocks"),
+        Some("0"),
+        "nothing believed cached after a failure"
+    );
+}
+both_drivers!(failed_attempt_is_rolled_back);
