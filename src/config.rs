@@ -69,7 +69,7 @@ impl Default for ServerWire {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RoutingWire {
-    /// round_robin | random | least_loaded | consistent_hash
+    /// prefix_aware | round_robin | random | least_loaded | consistent_hash
     policy: String,
     /// Let the request header `X-Router-Policy` pick the policy (for benchmarks).
     allow_policy_header: bool,
@@ -95,7 +95,7 @@ struct RoutingWire {
 impl Default for RoutingWire {
     fn default() -> Self {
         Self {
-            policy: "round_robin".into(),
+            policy: "prefix_aware".into(),
             allow_policy_header: false,
             block_bytes: 64,
             hash_load_factor: 1.25,
@@ -176,6 +176,9 @@ struct HealthWire {
     unhealthy_threshold: u32,
     /// Consecutive passed checks that mark it healthy again.
     healthy_threshold: u32,
+    /// Interval between scrapes of each backend's Prometheus `/metrics` (engine
+    /// queue, running requests, KV usage and cache size); 0 turns scraping off.
+    scrape_interval_ms: u64,
 }
 
 impl Default for HealthWire {
@@ -185,6 +188,7 @@ impl Default for HealthWire {
             timeout_ms: 1_000,
             unhealthy_threshold: 2,
             healthy_threshold: 1,
+            scrape_interval_ms: 1_000,
         }
     }
 }
@@ -258,6 +262,7 @@ pub struct HealthConfig {
     pub timeout: Duration,
     pub unhealthy_threshold: u32,
     pub healthy_threshold: u32,
+    pub scrape_interval: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -488,6 +493,8 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         timeout: millis(h.timeout_ms, "health.timeout_ms", errors),
         unhealthy_threshold: h.unhealthy_threshold,
         healthy_threshold: h.healthy_threshold,
+        scrape_interval: (h.scrape_interval_ms > 0)
+            .then(|| Duration::from_millis(h.scrape_interval_ms)),
     };
 
     if wire.backends.is_empty() {

@@ -7,8 +7,9 @@
 //! slow backend never delays replication.
 
 use crate::config::{BackendConfig, HealthConfig};
+use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
-use crate::replica::{IndexEvent, SessionTable};
+use crate::replica::{IndexEvent, IndexOp, SessionTable};
 use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
 use radixgate_orchestrator::{IndexConfig, PrefixIndex};
@@ -16,11 +17,14 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+/// One probe of one backend: its health check, and (when due) its metrics scrape.
 pub struct HealthReport {
     pub backend: usize,
-    pub ok: bool,
+    pub ok: Option<bool>,
+    /// `Some(None)`: scraped, nothing usable (stale from now on).
+    pub engine: Option<Option<EngineLoad>>,
 }
 
 pub struct Coordinator {
@@ -29,6 +33,8 @@ pub struct Coordinator {
     passes: Vec<u32>,
     failures: Vec<u32>,
     version: u64,
+    engine: Vec<Option<EngineLoad>>,
+    capacity: Vec<usize>,
     index: PrefixIndex,
     sessions: SessionTable,
 }
@@ -41,12 +47,20 @@ impl Coordinator {
             shared.config.routing.session_ttl.as_millis() as u64,
             shared.config.routing.max_sessions,
         );
+        let capacity = shared
+            .config
+            .backends
+            .iter()
+            .map(|b| b.cache_blocks)
+            .collect();
         Self {
+            capacity,
             shared,
             healthy: vec![true; n],
             passes: vec![0; n],
             failures: vec![0; n],
             version: 0,
+            engine: vec![None; n],
             index,
             sessions,
         }
@@ -76,6 +90,13 @@ impl Coordinator {
     }
 
     fn replicate(&mut self, event: IndexEvent) {
+        self.shared
+            .coordinator_received
+            .fetch_add(1, Ordering::Relaxed);
+        self.apply_and_fan_out(event);
+    }
+
+    fn apply_and_fan_out(&mut self, event: IndexEvent) {
         event.apply(&mut self.index, &mut self.sessions);
         self.shared
             .index_blocks
@@ -91,35 +112,68 @@ impl Coordinator {
 
     fn on_health(&mut self, r: HealthReport) {
         let i = r.backend;
-        let thresholds = &self.shared.config.health;
-        let id = &self.shared.config.backends[i].id;
-        let changed = if r.ok {
-            self.passes[i] += 1;
-            self.failures[i] = 0;
-            let up = !self.healthy[i] && self.passes[i] >= thresholds.healthy_threshold;
-            if up {
-                tracing::info!(backend = %id, "backend is healthy again");
+        let mut changed = false;
+        if let Some(ok) = r.ok {
+            changed |= self.on_check(i, ok);
+        }
+        if let Some(load) = r.engine {
+            if load != self.engine[i] {
+                self.engine[i] = load;
+                changed = true;
             }
-            up
-        } else {
-            self.failures[i] += 1;
-            self.passes[i] = 0;
-            let down = self.healthy[i] && self.failures[i] >= thresholds.unhealthy_threshold;
-            if down {
-                tracing::warn!(backend = %id, "backend failed its health checks");
+            if let Some(tokens) = load.and_then(|l| l.cache_tokens) {
+                self.follow_cache_size(i, tokens);
             }
-            down
-        };
+        }
         if changed {
-            self.healthy[i] = r.ok;
             self.version += 1;
             let snapshot = Arc::new(FleetSnapshot {
                 version: self.version,
                 healthy: self.healthy.clone().into_boxed_slice(),
+                engine: self.engine.clone().into_boxed_slice(),
             });
             for s in &self.shared.shard_commands {
                 let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
             }
+        }
+    }
+
+    /// Applies one health-check result; true when the backend changed state.
+    fn on_check(&mut self, i: usize, ok: bool) -> bool {
+        let thresholds = &self.shared.config.health;
+        let id = &self.shared.config.backends[i].id;
+        let flip = if ok {
+            self.passes[i] += 1;
+            self.failures[i] = 0;
+            !self.healthy[i] && self.passes[i] >= thresholds.healthy_threshold
+        } else {
+            self.failures[i] += 1;
+            self.passes[i] = 0;
+            self.healthy[i] && self.failures[i] >= thresholds.unhealthy_threshold
+        };
+        if flip {
+            self.healthy[i] = ok;
+            if ok {
+                tracing::info!(backend = %id, "backend is healthy again");
+            } else {
+                tracing::warn!(backend = %id, "backend failed its health checks");
+            }
+        }
+        flip
+    }
+
+    /// The engine told us its KV-cache size: the index follows it.
+    fn follow_cache_size(&mut self, backend: usize, cache_tokens: u64) {
+        let tokens_per_block = self.shared.config.routing.prefix_aware.tokens_per_block;
+        let blocks = ((cache_tokens as f64 / tokens_per_block) as usize).max(1);
+        if blocks != self.capacity[backend] {
+            self.capacity[backend] = blocks;
+            tracing::info!(backend = %self.shared.config.backends[backend].id, blocks, "index capacity follows the engine's cache size");
+            self.apply_and_fan_out(IndexEvent {
+                origin_shard: usize::MAX,
+                created: std::time::Instant::now(),
+                op: IndexOp::SetCapacity { backend, blocks },
+            });
         }
     }
 }
@@ -135,49 +189,92 @@ pub fn new_index(shared: &Shared) -> PrefixIndex {
     index
 }
 
-/// The health-check thread: probes every backend each interval and reports to the
-/// coordinator. Ends when `stop` is dropped or fires.
+/// The probe thread: health-checks every backend each `health.interval` and scrapes
+/// its `/metrics` each `health.scrape_interval`, reporting to the coordinator. Ends
+/// when `stop` is dropped or fires.
 pub fn run_health_checks(
     backends: Vec<BackendConfig>,
     health: HealthConfig,
     reports: Sender<HealthReport>,
     stop: Receiver<()>,
 ) {
+    let start = Instant::now();
+    let mut next_check = start;
+    let mut next_scrape = start;
     loop {
+        let now = Instant::now();
+        let check = now >= next_check;
+        let scrape = health.scrape_interval.is_some() && now >= next_scrape;
+        if check {
+            next_check = now + health.interval;
+        }
+        if let Some(every) = health.scrape_interval.filter(|_| scrape) {
+            next_scrape = now + every;
+        }
         for (i, b) in backends.iter().enumerate() {
-            let ok = probe_health(b, health.timeout);
-            if reports.send(HealthReport { backend: i, ok }).is_err() {
+            let report = HealthReport {
+                backend: i,
+                ok: check.then(|| probe_health(b, health.timeout)),
+                engine: scrape.then(|| {
+                    http_get(b, "/metrics", health.timeout)
+                        .filter(|(status, _)| *status == 200)
+                        .and_then(|(_, body)| {
+                            engine_metrics::parse(&String::from_utf8_lossy(&body))
+                        })
+                }),
+            };
+            if (check || scrape) && reports.send(report).is_err() {
                 return;
             }
         }
+        let mut wake = next_check;
+        if health.scrape_interval.is_some() {
+            wake = wake.min(next_scrape);
+        }
         select! {
             recv(stop) -> _ => return,
-            default(health.interval) => {}
+            default(wake.saturating_duration_since(Instant::now())) => {}
         }
     }
 }
 
-/// One `GET /health`; true on a 2xx status line within `timeout`.
+/// One `GET /health`; true on a 2xx status within `timeout`.
 fn probe_health(backend: &BackendConfig, timeout: Duration) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&backend.addr, timeout) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(timeout));
-    let _ = s.set_write_timeout(Some(timeout));
+    http_get(backend, "/health", timeout).is_some_and(|(status, _)| (200..300).contains(&status))
+}
+
+/// A blocking `GET` with `Connection: close`, bounded by `timeout` per step and by
+/// 4 MiB of body. Returns the status and the body.
+fn http_get(backend: &BackendConfig, path: &str, timeout: Duration) -> Option<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&backend.addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
     let req = format!(
-        "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
         backend.host
     );
-    if s.write_all(req.as_bytes()).is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    let mut len = 0;
-    while len < 12 {
-        match s.read(&mut buf[len..]) {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => len += n,
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::with_capacity(4096);
+    let deadline = Instant::now() + timeout * 2;
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+        if raw.len() > 4 << 20 || Instant::now() > deadline {
+            break;
         }
     }
-    buf.starts_with(b"HTTP/1.") && buf[9] == b'2'
+    let mut head = crate::http::response::ResponseHead::default();
+    let head_len = crate::http::response::parse_response_head(&raw, &mut head, false).ok()??;
+    let mut body = raw.split_off(head_len);
+    if head.framing() == crate::http::BodyFraming::Chunked {
+        let mut decoded = Vec::with_capacity(body.len());
+        let mut decoder = crate::http::chunked::ChunkedDecoder::new();
+        decoder.feed(&body, |d| decoded.extend_from_slice(d)).ok()?;
+        body = decoded;
+    }
+    Some((head.status, body))
 }

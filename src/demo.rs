@@ -23,7 +23,8 @@ pub fn demo_config(listen: SocketAddr, engines: &[SocketAddr], policy: &str) -> 
     );
     for (i, addr) in engines.iter().enumerate() {
         toml.push_str(&format!(
-            "\n[[backends]]\nid = \"sim-{i}\"\nurl = \"http://{addr}\"\nmodels = [\"{DEMO_MODEL}\"]\n"
+            "\n[[backends]]\nid = \"sim-{i}\"\nurl = \"http://{addr}\"\nmodels = [\"{DEMO_MODEL}\"]\ncache_blocks = {}\n",
+            EngineConfig::new(DEMO_MODEL).cache_blocks
         ));
     }
     toml

@@ -8,12 +8,15 @@
 //! Relaxed ordering is enough: the sum is a load estimate for balancing, nothing
 //! synchronises through it, and a momentarily stale count only skews one pick.
 
+use crate::engine_metrics::EngineLoad;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Debug, Clone)]
 pub struct FleetSnapshot {
     pub version: u64,
     pub healthy: Box<[bool]>,
+    /// Each engine's own load as last scraped; `None` when unknown or stale.
+    pub engine: Box<[Option<EngineLoad>]>,
 }
 
 impl FleetSnapshot {
@@ -21,7 +24,13 @@ impl FleetSnapshot {
         Self {
             version: 0,
             healthy: vec![true; backends].into_boxed_slice(),
+            engine: vec![None; backends].into_boxed_slice(),
         }
+    }
+
+    /// The engine's waiting queue, 0 when unknown.
+    pub fn engine_waiting(&self, backend: usize) -> u32 {
+        self.engine[backend].map_or(0, |e| e.waiting)
     }
 
     pub fn any_healthy(&self) -> bool {

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod coordinator;
 pub mod demo;
+pub mod engine_metrics;
 pub mod engine_sim;
 pub mod error;
 pub mod fleet;

@@ -36,8 +36,8 @@ enum Command {
     Demo {
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Routing policy (round_robin, random, least_loaded, consistent_hash).
-        #[arg(long, default_value = "round_robin")]
+        /// Routing policy (prefix_aware, round_robin, random, least_loaded, consistent_hash).
+        #[arg(long, default_value = "prefix_aware")]
         policy: String,
     },
     /// Run one simulated vLLM-compatible engine.

@@ -4,6 +4,7 @@
 //! no locks). A `/metrics` scrape on any shard asks every shard for a copy over its
 //! command channel, merges the copies and renders Prometheus text.
 
+use crate::engine_metrics::EngineLoad;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -75,6 +76,8 @@ pub struct ShardMetrics {
     pub completion_tokens: u64,
     /// Index events from other shards applied to this shard's replica.
     pub replica_applied: u64,
+    /// Index events this shard sent to the coordinator.
+    pub index_events_published: u64,
     /// Age of each replicated event when this shard applied it.
     pub replica_age: Histogram,
     /// Per backend: cached prompt tokens the index predicted for the requests routed
@@ -119,6 +122,7 @@ impl ShardMetrics {
         self.cached_tokens += other.cached_tokens;
         self.completion_tokens += other.completion_tokens;
         self.replica_applied += other.replica_applied;
+        self.index_events_published += other.index_events_published;
         self.replica_age.merge(&other.replica_age);
         self.decision.merge(&other.decision);
         for (a, b) in [
@@ -144,6 +148,10 @@ pub struct Gauges<'a> {
     pub replica_sent: &'a [u64],
     /// Blocks in the coordinator's authoritative index.
     pub index_blocks: u64,
+    /// Index events the coordinator has received from shards.
+    pub coordinator_received: u64,
+    /// Each engine's load as last scraped.
+    pub engine: &'a [Option<EngineLoad>],
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -269,6 +277,32 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             "radixgate_backend_prefill_ns_per_token{{backend=\"{id}\"}} {mean}"
         );
     }
+    type Read = fn(&EngineLoad) -> f64;
+    let engine_gauges: [(&str, &str, Read); 3] = [
+        (
+            "radixgate_engine_queue",
+            "The engine's waiting queue as last scraped from its /metrics.",
+            |e| e.waiting as f64,
+        ),
+        (
+            "radixgate_engine_running",
+            "The engine's running requests as last scraped.",
+            |e| e.running as f64,
+        ),
+        (
+            "radixgate_engine_kv_usage",
+            "The engine's KV-cache usage (0-1) as last scraped.",
+            |e| e.kv_usage as f64,
+        ),
+    ];
+    for (name, help, get) in engine_gauges {
+        header(&mut out, name, "gauge", help);
+        for (i, id) in g.backend_ids.iter().enumerate() {
+            if let Some(e) = g.engine.get(i).copied().flatten() {
+                let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", get(&e));
+            }
+        }
+    }
     header(&mut out, "radixgate_index_blocks", "gauge", "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.");
     let _ = writeln!(
         out,
@@ -297,6 +331,16 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             sent.saturating_sub(s.replica_applied)
         );
     }
+    header(
+        &mut out,
+        "radixgate_replica_pending_events",
+        "gauge",
+        "Index events shards have sent that the coordinator has not received yet.",
+    );
+    let pending = merged
+        .index_events_published
+        .saturating_sub(g.coordinator_received);
+    let _ = writeln!(out, "radixgate_replica_pending_events {pending}");
     header(
         &mut out,
         "radixgate_replica_lag_seconds",
@@ -342,6 +386,8 @@ mod tests {
                 in_flight: &[4],
                 replica_sent: &[0, 0],
                 index_blocks: 0,
+                coordinator_received: 0,
+                engine: &[None],
             },
         );
         assert!(text.contains(

@@ -166,6 +166,7 @@ impl Route {
 }
 
 fn publish(shard: &Shard, op: IndexOp) {
+    shard.metrics.borrow_mut().index_events_published += 1;
     let _ = shard.shared.index_events.send(IndexEvent {
         origin_shard: shard.id,
         created: std::time::Instant::now(),
@@ -199,7 +200,7 @@ fn route(
                 backend: b,
                 in_flight: shared.in_flight.total(b),
                 matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
-                engine_waiting: 0,
+                engine_waiting: fleet.engine_waiting(b),
                 prefill_ns_per_token: prefill_ns[b],
                 session_home: session_home == Some(b),
             });

@@ -28,6 +28,8 @@ pub enum IndexOp {
         blocks: Arc<[u64]>,
         from: usize,
     },
+    /// The engine reported its cache size: the backend's capacity in the index.
+    SetCapacity { backend: BackendIdx, blocks: usize },
     /// The conversation `session` (hash of its `X-Session-ID`) lives on `backend`.
     BindSession {
         session: u64,
@@ -56,6 +58,7 @@ impl IndexEvent {
                 blocks,
                 from,
             } => index.remove(*backend, blocks, *from),
+            IndexOp::SetCapacity { backend, blocks } => index.set_capacity(*backend, *blocks),
             IndexOp::BindSession {
                 session,
                 backend,

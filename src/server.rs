@@ -303,6 +303,7 @@ async fn scrape(shard: &Shard) -> String {
         }
     }
     copies.sort_by_key(|m| m.shard);
+    let fleet = shard.fleet.borrow().clone();
     let backends = shared.backend_ids.len();
     let in_flight: Vec<u32> = (0..backends).map(|b| shared.in_flight.total(b)).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
@@ -318,6 +319,10 @@ async fn scrape(shard: &Shard) -> String {
             index_blocks: shared
                 .index_blocks
                 .load(std::sync::atomic::Ordering::Relaxed),
+            coordinator_received: shared
+                .coordinator_received
+                .load(std::sync::atomic::Ordering::Relaxed),
+            engine: &fleet.engine,
         },
     )
 }

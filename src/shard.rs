@@ -37,6 +37,8 @@ pub struct Shared {
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
     pub replica_sent: ReplicaSent,
+    /// Index events the coordinator has received from shards (coordinator writes).
+    pub coordinator_received: AtomicU64,
     /// Blocks in the coordinator's authoritative index (coordinator writes).
     pub index_blocks: AtomicU64,
     /// Zero of the index's logical clock (milliseconds since start).
@@ -73,6 +75,7 @@ impl Shared {
         Shared {
             index_events,
             replica_sent: ReplicaSent::new(shard_commands.len()),
+            coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
             epoch: Instant::now(),
             in_flight: InFlight::new(config.server.shards.get(), config.backends.len()),

@@ -153,7 +153,7 @@ fn session_affinity(io: &str) {
             assert_eq!(r.header("x-router-reason"), Some("session-affinity"));
         }
         homes.insert(r.header("x-router-backend").unwrap().to_string());
-        std::thread::sleep(Duration::from_millis(30)); // let the binding replicate
+        wait_replicated(addr);
     }
     assert_eq!(homes.len(), 1);
 }
@@ -186,3 +186,35 @@ fn failed_attempt_is_rolled_back(io: &str) {
     );
 }
 both_drivers!(failed_attempt_is_rolled_back);
+
+fn engine_metrics_are_scraped(io: &str) {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.cache_blocks = 100;
+    let engine = start_engine(io, cfg);
+    let gw = start_gateway(
+        io,
+        1,
+        "[health]\ninterval_ms = 50\nscrape_interval_ms = 50",
+        &[("e0", engine.url(), "sim")],
+    );
+    let addr = gw.local_addr();
+    // The engine's queue and KV usage reach the gateway's metrics, and the index
+    // capacity follows the engine's advertised cache size.
+    assert!(eventually(Duration::from_secs(5), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_engine_queue{backend=\"e0\"}") == Some(0.0)
+            && metric(&m, "radixgate_engine_kv_usage{backend=\"e0\"}") == Some(0.0)
+    }));
+    // Fill far beyond 100 blocks (40 documents of ~17 blocks): the replica stays within the engine's capacity.
+    let mut c = Client::connect(addr);
+    for doc in 0..40 {
+        c.post("/v1/chat/completions", &doc_question(doc, 0), &[]);
+    }
+    let m = c.get("/metrics").text();
+    let blocks = metric(&m, "radixgate_index_blocks{copy=\"shard-0\"}").unwrap();
+    assert!(
+        blocks > 0.0 && blocks <= 100.0,
+        "replica holds {blocks} blocks"
+    );
+}
+both_drivers!(engine_metrics_are_scraped);

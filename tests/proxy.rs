@@ -50,7 +50,8 @@ fn streaming_passthrough_is_byte_exact(io: &str) {
     );
     assert_eq!(r.header("x-engine"), Some("scripted"));
     assert_eq!(r.header("x-router-backend"), Some("b0"));
-    assert_eq!(r.header("x-router-reason"), Some("round-robin"));
+    assert_eq!(r.header("x-router-reason"), Some("no-match"));
+    assert_eq!(r.header("x-router-match-blocks"), Some("0"));
     assert!(r.header("keep-alive").is_none(), "hop-by-hop header leaked");
     // The request body went upstream untouched.
     let seen = up.seen();

@@ -114,7 +114,12 @@ fn round_robin_spreads_and_consistent_hash_sticks(io: &str) {
         .enumerate()
         .map(|(i, e)| (["e0", "e1", "e2"][i], e.url(), "sim"))
         .collect();
-    let gw = start_gateway(io, 1, "[routing]\nallow_policy_header = true", &backends);
+    let gw = start_gateway(
+        io,
+        1,
+        "[routing]\npolicy = \"round_robin\"\nallow_policy_header = true",
+        &backends,
+    );
     let mut c = Client::connect(gw.local_addr());
     let mut seen = std::collections::HashSet::new();
     for i in 0..6 {

@@ -7,7 +7,9 @@
 //! differential check from `orchestrator/src/index/model.rs`, which this crate
 //! includes by path: after every operation the index must agree with the brute-force
 //! model on every match, on held and total counts and on the canonical node count,
-//! stay within its budgets, and pass its own invariant check.
+//! stay within its budgets, and pass its own invariant check. The same ops then run
+//! again with hashes folded into a tiny alphabet (one hash at several depths, which
+//! real chains rule out), where only the index's own invariants are checked.
 
 use radixgate_orchestrator::{IndexConfig, PrefixIndex, PrefixMatch};
 
@@ -25,6 +27,7 @@ const MAX_OPS: usize = 64;
 pub fn prefix_index(data: &[u8]) {
     let (max_blocks, ops) = decode(data);
     model::check_against_model(max_blocks, &ops);
+    model::check_with_colliding_hashes(max_blocks, &ops);
 }
 
 /// Bytes to `(max_blocks, ops)`. Every input decodes (missing bytes read as 0):

@@ -427,6 +427,12 @@ impl Engine {
         }
         let _ = writeln!(
             out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"}} 1.0",
+            self.config.block_tokens,
+            self.config.cache_blocks
+        );
+        let _ = writeln!(
+            out,
             "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{{labels},finished_reason=\"length\"}} {}",
             c.requests_ok
         );

@@ -262,7 +262,8 @@ pub enum Script {
 }
 
 /// A hand-written HTTP/1.1 upstream on a std thread: records what it receives and
-/// answers with scripted bytes. Answers `GET /health` with 200 (for the coordinator).
+/// answers with scripted bytes. Answers the coordinator's `GET /health` with 200 and
+/// any other GET (its `/metrics` scrape) with 404, recording neither.
 pub struct ScriptedUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -320,10 +321,16 @@ fn serve_scripted(
                 break;
             }
         }
-        if head.starts_with("GET /health") {
-            let _ = reader
-                .get_mut()
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        // The coordinator's probes: health is fine, metrics are not offered.
+        if head.starts_with("GET ") {
+            let status = if head.starts_with("GET /health") {
+                "200 OK"
+            } else {
+                "404 Not Found"
+            };
+            let resp =
+                format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = reader.get_mut().write_all(resp.as_bytes());
             return;
         }
         if !counted {
@@ -360,4 +367,16 @@ fn serve_scripted(
             }
         }
     }
+}
+
+/// Waits until every shard's replica has applied every index event sent to it.
+pub fn wait_replicated(addr: SocketAddr) {
+    let caught_up = eventually(Duration::from_secs(5), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_replica_pending_events") == Some(0.0)
+            && m.lines()
+                .filter(|l| l.starts_with("radixgate_replica_lag_events{"))
+                .all(|l| l.ends_with(" 0"))
+    });
+    assert!(caught_up, "replicas did not catch up");
 }

@@ -303,3 +303,43 @@ pub fn check_against_model(max_blocks: usize, ops: &[Op]) -> PrefixIndex {
     }
     index
 }
+
+/// The same ops with every hash folded into a tiny alphabet, so one hash shows up at
+/// several depths and under several parents (which chained hashing rules out). The
+/// model no longer applies, but the index must stay internally consistent, within
+/// its budgets, and never panic.
+pub fn check_with_colliding_hashes(max_blocks: usize, ops: &[Op]) {
+    let fold = |chain: &[u64]| chain.iter().map(|h| h % 3).collect::<Vec<u64>>();
+    let mut index = PrefixIndex::new(IndexConfig { max_blocks });
+    let mut out = PrefixMatch::default();
+    for op in ops {
+        let op = match op {
+            Op::Insert {
+                backend,
+                chain,
+                now,
+            } => Op::Insert {
+                backend: *backend,
+                chain: fold(chain),
+                now: *now,
+            },
+            Op::Remove {
+                backend,
+                chain,
+                from,
+            } => Op::Remove {
+                backend: *backend,
+                chain: fold(chain),
+                from: *from,
+            },
+            other => other.clone(),
+        };
+        apply(&mut index, &op);
+        index.assert_invariants();
+        if let Op::Insert { chain, .. } | Op::Remove { chain, .. } = &op {
+            index.match_prefix(chain, &mut out);
+            assert!(out.longest as usize <= chain.len());
+            assert_eq!(out.matched.len(), index.backend_slots());
+        }
+    }
+}

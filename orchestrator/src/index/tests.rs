@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 
-use super::model::{self, chain_of, check_against_model, Op};
+use super::model::{self, chain_of, check_against_model, check_with_colliding_hashes, Op};
 use super::{IndexConfig, PrefixIndex, PrefixMatch};
 
 fn index(max_blocks: usize, capacities: &[usize]) -> PrefixIndex {
@@ -263,6 +263,15 @@ proptest! {
         ops in prop::collection::vec(op(), 1..40),
     ) {
         check_against_model(max_blocks, &with_backends(capacities, ops));
+    }
+
+    #[test]
+    fn colliding_hashes_keep_it_consistent(
+        max_blocks in prop_oneof![0..40usize, Just(usize::MAX)],
+        capacities in prop::collection::vec(0..16usize, 1..4),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        check_with_colliding_hashes(max_blocks, &with_backends(capacities, ops));
     }
 
     /// Replicas converge: the same inserts (same times) in any order give the same
