@@ -10,7 +10,7 @@ use radixgate_orchestrator::PolicyName;
 use serde::Deserialize;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 // === wire format ===
@@ -27,7 +27,56 @@ struct ConfigFile {
     #[serde(default)]
     health: HealthWire,
     #[serde(default)]
+    retry: RetryWire,
+    #[serde(default)]
+    breaker: BreakerWire,
+    #[serde(default)]
     backends: Vec<BackendWire>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RetryWire {
+    /// Attempts per request, the first included (1 = never retry). A retry happens
+    /// only before anything reached the client: connect error, reset, timeout before
+    /// the first byte, or a 5xx.
+    max_attempts: u32,
+    /// Retries may add at most this share of requests (a retry budget, per shard).
+    budget_ratio: f64,
+    /// Retries always allowed per second regardless of traffic (per shard).
+    min_retries_per_sec: f64,
+}
+
+impl Default for RetryWire {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            budget_ratio: 0.2,
+            min_retries_per_sec: 10.0,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct BreakerWire {
+    /// Consecutive failed requests (connect errors, timeouts, 5xx, broken streams)
+    /// that open a backend's breaker.
+    failure_threshold: u32,
+    /// How long an open breaker stays open before letting probes through.
+    open_ms: u64,
+    /// Requests each shard may have in flight to a half-open backend (the probes).
+    half_open_probes: u32,
+}
+
+impl Default for BreakerWire {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_ms: 5_000,
+            half_open_probes: 1,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,6 +98,8 @@ struct ServerWire {
     max_head_bytes: usize,
     /// How long an idle client keep-alive connection is kept open.
     client_idle_timeout_ms: u64,
+    /// On SIGTERM/SIGINT: stop accepting, then wait this long for in-flight requests.
+    shutdown_timeout_ms: u64,
 }
 
 impl Default for ServerWire {
@@ -62,6 +113,7 @@ impl Default for ServerWire {
             max_body_bytes: 8 << 20,
             max_head_bytes: 16 << 10,
             client_idle_timeout_ms: 60_000,
+            shutdown_timeout_ms: 30_000,
         }
     }
 }
@@ -231,6 +283,7 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     pub max_head_bytes: usize,
     pub client_idle_timeout: Duration,
+    pub shutdown_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -281,7 +334,23 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub upstream: UpstreamConfig,
     pub health: HealthConfig,
+    pub retry: RetryConfig,
+    pub breaker: BreakerConfig,
     pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetryConfig {
+    pub max_attempts: NonZeroU32,
+    pub budget_ratio: f64,
+    pub min_retries_per_sec: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BreakerConfig {
+    pub failure_threshold: u32,
+    pub open: Duration,
+    pub half_open_probes: u32,
 }
 
 /// Every problem found in a config file, each with its key path.
@@ -400,6 +469,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             "server.client_idle_timeout_ms",
             errors,
         ),
+        shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
     };
 
     let r = wire.routing;
@@ -531,11 +601,41 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             cache_blocks: b.cache_blocks,
         });
     }
+    let rw = wire.retry;
+    let max_attempts = NonZeroU32::new(rw.max_attempts).unwrap_or_else(|| {
+        errors.push("retry.max_attempts: must be at least 1".into());
+        NonZeroU32::MIN
+    });
+    if !(rw.budget_ratio >= 0.0 && rw.budget_ratio.is_finite()) {
+        errors.push("retry.budget_ratio: must be a non-negative number".into());
+    }
+    if !(rw.min_retries_per_sec >= 0.0 && rw.min_retries_per_sec.is_finite()) {
+        errors.push("retry.min_retries_per_sec: must be a non-negative number".into());
+    }
+    let retry = RetryConfig {
+        max_attempts,
+        budget_ratio: rw.budget_ratio,
+        min_retries_per_sec: rw.min_retries_per_sec,
+    };
+    let bw = wire.breaker;
+    if bw.failure_threshold == 0 {
+        errors.push("breaker.failure_threshold: must be at least 1".into());
+    }
+    if bw.half_open_probes == 0 {
+        errors.push("breaker.half_open_probes: must be at least 1".into());
+    }
+    let breaker = BreakerConfig {
+        failure_threshold: bw.failure_threshold,
+        open: millis(bw.open_ms, "breaker.open_ms", errors),
+        half_open_probes: bw.half_open_probes,
+    };
     Config {
         server,
         routing,
         upstream,
         health,
+        retry,
+        breaker,
         backends,
     }
 }

@@ -12,7 +12,7 @@ use crate::fleet::FleetSnapshot;
 use crate::replica::{IndexEvent, IndexOp, SessionTable};
 use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
-use radixgate_orchestrator::{IndexConfig, PrefixIndex};
+use radixgate_orchestrator::{Breaker, BreakerConfig, IndexConfig, PrefixIndex};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
@@ -27,8 +27,16 @@ pub struct HealthReport {
     pub engine: Option<Option<EngineLoad>>,
 }
 
+/// A request's outcome on one backend, as a shard saw it (for the breakers).
+pub struct Outcome {
+    pub backend: usize,
+    pub ok: bool,
+}
+
 pub struct Coordinator {
     shared: Arc<Shared>,
+    breakers: Vec<Breaker>,
+    breaker_config: BreakerConfig,
     healthy: Vec<bool>,
     passes: Vec<u32>,
     failures: Vec<u32>,
@@ -53,7 +61,13 @@ impl Coordinator {
             .iter()
             .map(|b| b.cache_blocks)
             .collect();
+        let breaker_config = BreakerConfig {
+            failure_threshold: shared.config.breaker.failure_threshold,
+            open_ms: shared.config.breaker.open.as_millis() as u64,
+        };
         Self {
+            breakers: vec![Breaker::default(); n],
+            breaker_config,
             capacity,
             shared,
             healthy: vec![true; n],
@@ -72,9 +86,41 @@ impl Coordinator {
         stop: Receiver<()>,
         events: Receiver<IndexEvent>,
         health: Receiver<HealthReport>,
+        outcomes: Receiver<Outcome>,
     ) {
         loop {
+            let now = self.shared.now_ms();
+            let next = self
+                .breakers
+                .iter()
+                .filter_map(|b| b.next_tick_ms(&self.breaker_config))
+                .min()
+                .map_or(Duration::from_secs(3600), |t| {
+                    Duration::from_millis(t.saturating_sub(now))
+                });
             select! {
+                recv(outcomes) -> o => {
+                    if let Ok(o) = o {
+                        let now = self.shared.now_ms();
+                        if self.breakers[o.backend].on_outcome(o.ok, now, &self.breaker_config) {
+                            self.log_breaker(o.backend);
+                            self.publish_fleet();
+                        }
+                    }
+                }
+                default(next) => {
+                    let now = self.shared.now_ms();
+                    let mut changed = false;
+                    for i in 0..self.breakers.len() {
+                        if self.breakers[i].tick(now, &self.breaker_config) {
+                            self.log_breaker(i);
+                            changed = true;
+                        }
+                    }
+                    if changed {
+                        self.publish_fleet();
+                    }
+                }
                 recv(stop) -> _ => return,
                 recv(events) -> ev => match ev {
                     Ok(ev) => self.replicate(ev),
@@ -126,15 +172,27 @@ impl Coordinator {
             }
         }
         if changed {
-            self.version += 1;
-            let snapshot = Arc::new(FleetSnapshot {
-                version: self.version,
-                healthy: self.healthy.clone().into_boxed_slice(),
-                engine: self.engine.clone().into_boxed_slice(),
-            });
-            for s in &self.shared.shard_commands {
-                let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
-            }
+            self.publish_fleet();
+        }
+    }
+
+    fn log_breaker(&self, backend: usize) {
+        let state = self.breakers[backend].state();
+        let id = &self.shared.config.backends[backend].id;
+        tracing::warn!(backend = %id, state = state.as_str(), "circuit breaker changed state");
+    }
+
+    /// Sends every shard one new immutable snapshot of the whole fleet.
+    fn publish_fleet(&mut self) {
+        self.version += 1;
+        let snapshot = Arc::new(FleetSnapshot {
+            version: self.version,
+            healthy: self.healthy.clone().into_boxed_slice(),
+            engine: self.engine.clone().into_boxed_slice(),
+            breaker: self.breakers.iter().map(Breaker::state).collect(),
+        });
+        for s in &self.shared.shard_commands {
+            let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
         }
     }
 

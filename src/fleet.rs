@@ -9,6 +9,7 @@
 //! synchronises through it, and a momentarily stale count only skews one pick.
 
 use crate::engine_metrics::EngineLoad;
+use radixgate_orchestrator::BreakerState;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Debug, Clone)]
@@ -17,6 +18,7 @@ pub struct FleetSnapshot {
     pub healthy: Box<[bool]>,
     /// Each engine's own load as last scraped; `None` when unknown or stale.
     pub engine: Box<[Option<EngineLoad>]>,
+    pub breaker: Box<[BreakerState]>,
 }
 
 impl FleetSnapshot {
@@ -25,6 +27,7 @@ impl FleetSnapshot {
             version: 0,
             healthy: vec![true; backends].into_boxed_slice(),
             engine: vec![None; backends].into_boxed_slice(),
+            breaker: vec![BreakerState::Closed; backends].into_boxed_slice(),
         }
     }
 

@@ -7,8 +7,8 @@
 use crate::config::Config;
 use crate::coordinator::{run_health_checks, Coordinator};
 use crate::fleet::FleetSnapshot;
-use crate::runtime::{bind_reuseport, Driver, ShardRuntime};
-use crate::server::accept_loop;
+use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
+use crate::server::{accept_loop, drain};
 use crate::shard::{Shard, Shared};
 use std::io;
 use std::net::SocketAddr;
@@ -39,10 +39,11 @@ impl Gateway {
 
         let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;
-        let shared = Arc::new(Shared::new(config, cmd_txs, events_tx));
+        let shared = Arc::new(Shared::new(config, cmd_txs, events_tx, outcomes_tx));
         let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
 
         let mut shard_threads = Vec::with_capacity(shards);
@@ -77,12 +78,19 @@ impl Gateway {
                                 return;
                             }
                         };
+                        let shutdown_timeout = shared.config.server.shutdown_timeout;
                         let shard = Shard::new(id, shared, fleet);
                         monoio::spawn(shard.clone().command_loop(commands));
                         monoio::select! {
-                            _ = accept_loop(shard, listener) => {}
+                            _ = accept_loop(shard.clone(), &listener) => {}
                             _ = stop_rx.recv_async() => {}
                         }
+                        // Stop listening (an accept parked in io_uring would keep
+                        // the socket open past a plain drop), then finish what is in
+                        // flight.
+                        stop_listening(&listener);
+                        drop(listener);
+                        drain(&shard, shutdown_timeout).await;
                     });
                 })?;
             shard_threads.push(handle);
@@ -101,7 +109,7 @@ impl Gateway {
                 if let Some(core) = coordinator_core_id {
                     core_affinity::set_for_current(core);
                 }
-                coordinator.run(coord_stop, events_rx, health_rx)
+                coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx)
             })?;
         let backends = shared.config.backends.clone();
         let health = shared.config.health.clone();
@@ -131,7 +139,9 @@ impl Gateway {
         self.driver
     }
 
-    /// Stops accepting, drops open connections and joins every thread.
+    /// Graceful stop: every shard stops accepting, finishes its requests in flight
+    /// (up to `server.shutdown_timeout`), closes its connections; then the
+    /// coordinator and health threads stop. Returns when every thread has ended.
     pub fn shutdown(mut self) {
         self.stop();
     }

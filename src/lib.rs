@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod http;
 pub mod metrics;
 pub mod observe;
+pub mod open_conns;
 pub mod openai;
 pub mod pool;
 pub mod proxy;

@@ -89,6 +89,10 @@ pub struct ShardMetrics {
     pub matched_blocks: Vec<u64>,
     /// Decision time (parse + hash + match + pick), in the routing-decision histogram.
     pub decision: Histogram,
+    /// Per backend: attempts that failed there and were retried elsewhere.
+    pub retries: Vec<u64>,
+    /// Retries refused because the shard's retry budget was spent.
+    pub retry_budget_exhausted: u64,
 }
 
 impl ShardMetrics {
@@ -100,6 +104,7 @@ impl ShardMetrics {
             reported_cached: vec![0; backends],
             prediction_abs_error: vec![0; backends],
             matched_blocks: vec![0; backends],
+            retries: vec![0; backends],
             ..Default::default()
         }
     }
@@ -125,11 +130,13 @@ impl ShardMetrics {
         self.index_events_published += other.index_events_published;
         self.replica_age.merge(&other.replica_age);
         self.decision.merge(&other.decision);
+        self.retry_budget_exhausted += other.retry_budget_exhausted;
         for (a, b) in [
             (&mut self.predicted_cached, &other.predicted_cached),
             (&mut self.reported_cached, &other.reported_cached),
             (&mut self.prediction_abs_error, &other.prediction_abs_error),
             (&mut self.matched_blocks, &other.matched_blocks),
+            (&mut self.retries, &other.retries),
         ] {
             for (x, y) in a.iter_mut().zip(b) {
                 *x += y;
@@ -152,6 +159,8 @@ pub struct Gauges<'a> {
     pub coordinator_received: u64,
     /// Each engine's load as last scraped.
     pub engine: &'a [Option<EngineLoad>],
+    pub breaker: &'a [radixgate_orchestrator::BreakerState],
+    pub healthy: &'a [bool],
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -231,7 +240,12 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             g.in_flight[i]
         );
     }
-    let per_backend: [(&str, &str, &Vec<u64>); 4] = [
+    let per_backend: [(&str, &str, &Vec<u64>); 5] = [
+        (
+            "radixgate_retries_total",
+            "Attempts that failed on this backend before any byte reached the client and were retried elsewhere.",
+            &merged.retries,
+        ),
         (
             "radixgate_matched_blocks_total",
             "Prompt blocks the prefix index matched on the chosen backend.",
@@ -302,6 +316,37 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
                 let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", get(&e));
             }
         }
+    }
+    header(
+        &mut out,
+        "radixgate_retry_budget_exhausted_total",
+        "counter",
+        "Retries refused because the retry budget was spent.",
+    );
+    let _ = writeln!(
+        out,
+        "radixgate_retry_budget_exhausted_total {}",
+        merged.retry_budget_exhausted
+    );
+    header(
+        &mut out,
+        "radixgate_breaker_state",
+        "gauge",
+        "Circuit breaker per backend: 0 closed, 1 half-open, 2 open.",
+    );
+    for (i, id) in g.backend_ids.iter().enumerate() {
+        let level = g.breaker.get(i).map_or(0, |b| b.level());
+        let _ = writeln!(out, "radixgate_breaker_state{{backend=\"{id}\"}} {level}");
+    }
+    header(
+        &mut out,
+        "radixgate_backend_healthy",
+        "gauge",
+        "1 when the backend passes its active health checks.",
+    );
+    for (i, id) in g.backend_ids.iter().enumerate() {
+        let up = g.healthy.get(i).copied().unwrap_or(false) as u8;
+        let _ = writeln!(out, "radixgate_backend_healthy{{backend=\"{id}\"}} {up}");
     }
     header(&mut out, "radixgate_index_blocks", "gauge", "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.");
     let _ = writeln!(
@@ -388,6 +433,8 @@ mod tests {
                 index_blocks: 0,
                 coordinator_received: 0,
                 engine: &[None],
+                breaker: &[radixgate_orchestrator::BreakerState::Closed],
+                healthy: &[true],
             },
         );
         assert!(text.contains(

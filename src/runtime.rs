@@ -89,3 +89,12 @@ pub fn bind_reuseport(
     socket.set_nonblocking(driver == Driver::Epoll)?;
     Ok(socket.into())
 }
+
+/// Shuts a listening socket down so the kernel refuses new connections at once (an
+/// accept parked in io_uring would otherwise keep it open past a plain drop).
+pub fn stop_listening(listener: &monoio::net::TcpListener) {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: `listener` is alive for this whole call, so its fd is open and ours.
+    let fd = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) };
+    let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+}

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 use std::time::Duration;
 
-pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, _peer)) => {
@@ -45,6 +45,7 @@ pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
         idle_timeout: server.client_idle_timeout,
     };
     let mut conn = ClientConn::new(stream, shard.take_buffer());
+    let _registered = shard.conns.register(&conn.stream);
     loop {
         match conn.read_request(&limits).await {
             Ok(ReadOutcome::Request) => {}
@@ -54,12 +55,37 @@ pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
                 break;
             }
         }
+        // While draining, answer this request and close the connection after it.
+        if shard.draining.get() {
+            conn.head.keep_alive = false;
+        }
+        shard.active_requests.set(shard.active_requests.get() + 1);
         let keep_open = handle_request(&shard, &mut conn).await;
+        shard.active_requests.set(shard.active_requests.get() - 1);
         if !keep_open || !conn.head.keep_alive {
             break;
         }
     }
+    drop(_registered);
     shard.give_buffer(conn.into_buffer());
+}
+
+/// Graceful stop: no new connections (the caller dropped the listener), then wait
+/// up to `timeout` for requests in flight, then close whatever is left open.
+pub async fn drain(shard: &Shard, timeout: Duration) {
+    shard.draining.set(true);
+    let deadline = Instant::now() + timeout;
+    while shard.active_requests.get() > 0 && Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if shard.active_requests.get() > 0 {
+        tracing::warn!(
+            shard = shard.id,
+            requests = shard.active_requests.get(),
+            "shutdown timeout: closing requests still in flight"
+        );
+    }
+    shard.conns.shutdown_all();
 }
 
 /// Answers one parsed request. Returns whether the connection may stay open.
@@ -323,6 +349,8 @@ async fn scrape(shard: &Shard) -> String {
                 .coordinator_received
                 .load(std::sync::atomic::Ordering::Relaxed),
             engine: &fleet.engine,
+            breaker: &fleet.breaker,
+            healthy: &fleet.healthy,
         },
     )
 }

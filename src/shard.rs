@@ -11,14 +11,15 @@
 use crate::config::Config;
 use crate::fleet::{FleetSnapshot, InFlight};
 use crate::metrics::ShardMetrics;
+use crate::open_conns::OpenConnections;
 use crate::openai::{BodyParser, ModelTable};
 use crate::pool::UpstreamPool;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
 use radixgate_orchestrator::{
     build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
-    PromptHasher,
+    PromptHasher, RetryBudget,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub struct Shared {
     pub policy_config: PolicyConfig,
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
+    /// Shard → coordinator request outcomes, for the circuit breakers.
+    pub outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
     pub replica_sent: ReplicaSent,
     /// Index events the coordinator has received from shards (coordinator writes).
     pub coordinator_received: AtomicU64,
@@ -50,6 +53,7 @@ impl Shared {
         config: Config,
         shard_commands: Vec<flume::Sender<ShardCommand>>,
         index_events: crossbeam_channel::Sender<IndexEvent>,
+        outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
     ) -> Shared {
         let models = ModelTable::new(config.models());
         let model_backends = models
@@ -74,6 +78,7 @@ impl Shared {
         };
         Shared {
             index_events,
+            outcomes,
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
@@ -136,8 +141,20 @@ pub struct Shard {
     pub sessions: RefCell<SessionTable>,
     /// Learned prefill cost per backend, ns per uncached prompt token (0 = unknown).
     pub prefill_ns: RefCell<Vec<u32>>,
+    /// Requests this shard has in flight to each half-open backend (its probes).
+    pub probes: RefCell<Vec<u32>>,
+    /// Whether this shard's last request to each backend failed (so the first
+    /// success after failures is reported to the breaker).
+    pub last_failed: RefCell<Vec<bool>>,
+    pub retry_budget: RefCell<RetryBudget>,
     /// Spare I/O buffers, so requests stop allocating once the shard is warm.
     pub buffers: RefCell<Vec<Vec<u8>>>,
+    /// Client connections open on this shard (closed for real on stop).
+    pub conns: Rc<OpenConnections>,
+    /// Requests being answered right now.
+    pub active_requests: Cell<usize>,
+    /// Stopping: finish the requests in flight, keep no connection alive.
+    pub draining: Cell<bool>,
 }
 
 impl Shard {
@@ -167,9 +184,34 @@ impl Shard {
                 c.routing.max_sessions,
             )),
             prefill_ns: RefCell::new(vec![0; c.backends.len()]),
+            probes: RefCell::new(vec![0; c.backends.len()]),
+            last_failed: RefCell::new(vec![false; c.backends.len()]),
+            retry_budget: RefCell::new(RetryBudget::new(
+                c.retry.budget_ratio,
+                c.retry.min_retries_per_sec,
+                shared.now_ms(),
+            )),
             buffers: RefCell::new(Vec::new()),
+            conns: Rc::default(),
+            active_requests: Cell::new(0),
+            draining: Cell::new(false),
             shared,
         })
+    }
+
+    /// Tells the coordinator's breaker how a request to `backend` ended. Failures are
+    /// always reported; successes only when they end a failure streak seen here or the
+    /// breaker is not closed (so healthy traffic costs the coordinator nothing).
+    pub fn report_outcome(&self, backend: usize, ok: bool) {
+        let was_failing = std::mem::replace(&mut self.last_failed.borrow_mut()[backend], !ok);
+        let breaker_closed =
+            self.fleet.borrow().breaker[backend] == radixgate_orchestrator::BreakerState::Closed;
+        if !ok || was_failing || !breaker_closed {
+            let _ = self
+                .shared
+                .outcomes
+                .send(crate::coordinator::Outcome { backend, ok });
+        }
     }
 
     pub fn take_buffer(&self) -> Vec<u8> {

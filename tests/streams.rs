@@ -53,33 +53,32 @@ fn client_disconnect_mid_stream_releases_everything(io: &str) {
 }
 both_drivers!(client_disconnect_mid_stream_releases_everything);
 
-fn upstream_abort_mid_stream_closes_client(io: &str) {
+fn upstream_abort_mid_stream_ends_with_sse_error(io: &str) {
     let mut cfg = EngineConfig::instant("sim");
     cfg.abort_rate = 1.0;
     let engine = start_engine(io, cfg);
     let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
     let mut c = Client::connect(gw.local_addr());
-    c.send(&post_bytes("/v1/chat/completions", &stream_body(10), &[]));
-    let (status, _) = c.read_head();
-    assert_eq!(status, 200);
-    // The stream breaks off: the client sees the connection end without the
-    // terminating chunk, never a duplicated or invented token.
-    let mut rest = Vec::new();
-    let _ = std::io::Read::read_to_end(c.stream(), &mut rest);
-    let text = String::from_utf8_lossy(&rest);
+    let r = c.post("/v1/chat/completions", &stream_body(10), &[]);
+    assert_eq!(r.status, 200);
+    // The engine cut the stream after 5 of 10 tokens, between two events: the client
+    // gets the tokens it was sent, once each, then an error event, and a properly
+    // ended body.
+    let text = r.text();
+    assert_eq!(text.matches("\"delta\":{\"content\"").count(), 5, "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
-    assert!(!text.ends_with("0\r\n\r\n"));
-    // Other requests are unaffected.
-    let healthy = start_engine(io, EngineConfig::instant("sim"));
-    let gw2 = start_gateway(io, 1, "", &[("e0", healthy.url(), "sim")]);
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("data: {\"error\":"), "{last}");
+    assert!(last.contains("\"code\":\"upstream_error\""), "{last}");
+    // The connection is still well framed and usable.
+    assert_eq!(c.get("/health").status, 200);
+    let m = c.get("/metrics").text();
     assert_eq!(
-        Client::connect(gw2.local_addr())
-            .post("/v1/chat/completions", &stream_body(3), &[])
-            .status,
-        200
+        metric(&m, "radixgate_requests_total{backend=\"e0\",status=\"200\""),
+        Some(1.0)
     );
 }
-both_drivers!(upstream_abort_mid_stream_closes_client);
+both_drivers!(upstream_abort_mid_stream_ends_with_sse_error);
 
 fn bad_clients_do_not_disturb_a_stream(io: &str) {
     let engine = slow_engine(io);
@@ -196,3 +195,33 @@ fn least_loaded_avoids_the_busy_backend(io: &str) {
     }
 }
 both_drivers!(least_loaded_avoids_the_busy_backend);
+
+fn graceful_shutdown_finishes_streams_in_flight(io: &str) {
+    let engine = slow_engine(io);
+    let gw = start_gateway(
+        io,
+        2,
+        "shutdown_timeout_ms = 10000",
+        &[("e0", engine.url(), "sim")],
+    );
+    let addr = gw.local_addr();
+    let mut c = Client::connect(addr);
+    c.send(&post_bytes("/v1/chat/completions", &stream_body(40), &[]));
+    // Wait for the stream to start, then stop the gateway while it runs.
+    let mut idle = Client::connect(addr);
+    assert_eq!(idle.get("/health").status, 200);
+    let stopper = std::thread::spawn(move || gw.shutdown());
+    let r = c.read_response();
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert_eq!(text.matches("\"delta\":{\"content\"").count(), 40);
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the stream in flight finished"
+    );
+    stopper.join().unwrap();
+    // Stopped: no listener, and the idle keep-alive connection was closed.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+    assert!(idle.is_closed());
+}
+both_drivers!(graceful_shutdown_finishes_streams_in_flight);

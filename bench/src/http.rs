@@ -149,6 +149,8 @@ pub struct Exchange {
     pub status: u16,
     /// The `X-Router-Backend` response header, if any.
     pub backend: Option<String>,
+    /// The `X-Router-Reason` response header, if any.
+    pub reason: Option<String>,
     /// Request start to the first body byte (to the end of the head for empty bodies).
     pub ttft: Duration,
     pub total: Duration,
@@ -237,8 +239,22 @@ impl Client {
     /// Sends one POST with `body` and reads the whole response. Timing starts before
     /// a connect when the connection has to be (re)opened.
     pub fn send(&mut self, body: &[u8]) -> Result<Exchange, HttpError> {
+        self.send_with(body, &[])
+    }
+
+    /// [`Self::send`] with extra headers for this request only (after the fixed ones;
+    /// the caller keeps CR and LF out of them).
+    pub fn send_with(
+        &mut self,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Result<Exchange, HttpError> {
         self.request.clear();
         self.request.extend_from_slice(&self.head_prefix);
+        for (name, value) in headers {
+            self.request
+                .extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
         self.request
             .extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
         self.request.extend_from_slice(body);
@@ -406,6 +422,7 @@ impl Client {
         Ok(Exchange {
             status: head.status,
             backend: head.backend,
+            reason: head.reason,
             ttft: first_byte.unwrap_or(end).duration_since(t0),
             total: end.duration_since(t0),
             body_bytes: self.body.len(),
@@ -491,6 +508,7 @@ struct Head {
     framing: Framing,
     keep_alive: bool,
     backend: Option<String>,
+    reason: Option<String>,
 }
 
 /// `Ok(None)` until the blank line that ends the head has arrived.
@@ -519,6 +537,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
     let mut chunked = false;
     let mut keep_alive = !http10;
     let mut backend = None;
+    let mut reason = None;
     for line in lines {
         let (name, value) = line
             .split_once(':')
@@ -545,6 +564,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
             }
         } else if name.eq_ignore_ascii_case("x-router-backend") {
             backend = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("x-router-reason") {
+            reason = Some(value.to_string());
         }
     }
     let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
@@ -562,6 +583,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, HttpError> {
         framing,
         keep_alive,
         backend,
+        reason,
     }))
 }
 
@@ -571,8 +593,9 @@ mod tests {
 
     #[test]
     fn head_framing_and_headers() {
-        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nX-Router-Backend:  b1 \r\n\r\nrest";
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nX-Router-Backend:  b1 \r\nX-Router-Reason: longest-prefix\r\n\r\nrest";
         let h = parse_head(raw).unwrap().unwrap();
+        assert_eq!(h.reason.as_deref(), Some("longest-prefix"));
         assert_eq!(
             (h.status, h.keep_alive, h.backend.as_deref()),
             (200, true, Some("b1"))

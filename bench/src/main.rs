@@ -1,7 +1,10 @@
-//! `radixgate-bench`: the command line over the bench library. Today it has one
-//! subcommand, `load`, a closed-loop HTTP/1.1 load generator for the gateway or an
-//! engine on loopback; see `bench/README.md`.
+//! `radixgate-bench`: the command line over the bench library: `load` (closed-loop
+//! HTTP/1.1 load), `sim` (routing quality against simulated engines, no network),
+//! `gen-trace` (a workload as a JSONL trace) and `replay` (a trace fired at a live
+//! gateway); see `bench/README.md`.
 
+use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -9,7 +12,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use radixgate_bench::http::Target;
 use radixgate_bench::load::{self, LoadConfig, MAX_CONCURRENCY};
+use radixgate_bench::replay::{self, ReplayConfig};
 use radixgate_bench::report::Report;
+use radixgate_bench::sim::cli::{SimArgs, WorkloadFlags};
+use radixgate_bench::sim::workload::{self as sim_workload, Distribution, WorkloadSpec};
+use radixgate_bench::trace;
 use radixgate_bench::workload::{Kind, Workload, WorkloadConfig};
 
 #[derive(Parser)]
@@ -28,6 +35,77 @@ enum Command {
     /// Closed-loop HTTP/1.1 load: N keep-alive connections, each sending its next
     /// request as soon as the previous response is complete.
     Load(LoadArgs),
+    /// Routing quality without a network: the orchestrator's own policies against
+    /// simulated engines (LRU prefix caches, FIFO prefill), deterministic by seed.
+    Sim(SimArgs),
+    /// Write a workload (the simulator's docs or multiturn) as a JSONL trace on stdout.
+    GenTrace(GenTraceArgs),
+    /// Fire a JSONL trace at a live gateway, keeping each session's turns in order.
+    Replay(ReplayArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceWorkload {
+    Docs,
+    Multiturn,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceDistribution {
+    Uniform,
+    Zipf,
+}
+
+#[derive(Args)]
+struct GenTraceArgs {
+    #[arg(long, value_enum)]
+    workload: TraceWorkload,
+    /// docs: how documents are chosen.
+    #[arg(long, value_enum, default_value_t = TraceDistribution::Uniform)]
+    distribution: TraceDistribution,
+    /// docs: the Zipf exponent.
+    #[arg(long, default_value_t = 1.0)]
+    alpha: f64,
+    #[command(flatten)]
+    shape: WorkloadFlags,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Mean arrival rate, requests per second (Poisson); 0: every `at_ms` is 0.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// The "model" field of every request.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// The "max_tokens" field of every request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// The JSONL trace (see `gen-trace`).
+    trace: PathBuf,
+    /// The gateway; a URL without a path gets /v1/chat/completions.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Requests in flight at most (one connection each).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_CONCURRENCY as i64))]
+    concurrency: u32,
+    /// Divide every `at_ms` by this; 0 ignores the timing (turn order still holds).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Extra request header, "Name: value"; repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+    /// Per-socket-operation timeout in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
+    /// Also write one JSON line per request (trace order) to this file.
+    #[arg(long)]
+    records: Option<PathBuf>,
+    /// Print one JSON object instead of Markdown tables.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -118,6 +196,105 @@ fn parse_header(s: &str) -> Result<(String, String), String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Load(args) => load_command(args),
+        Command::Sim(args) => {
+            print!("{}", radixgate_bench::sim::cli::run(&args));
+            ExitCode::SUCCESS
+        }
+        Command::GenTrace(args) => gen_trace_command(args),
+        Command::Replay(args) => replay_command(args),
+    }
+}
+
+fn gen_trace_command(args: GenTraceArgs) -> ExitCode {
+    let spec = match args.workload {
+        TraceWorkload::Docs => {
+            WorkloadSpec::Docs(args.shape.docs_config(match args.distribution {
+                TraceDistribution::Uniform => Distribution::Uniform,
+                TraceDistribution::Zipf => Distribution::Zipf(args.alpha),
+            }))
+        }
+        TraceWorkload::Multiturn => WorkloadSpec::Multiturn(args.shape.multiturn_config()),
+    };
+    let sessions = sim_workload::build(&spec, args.seed, &args.model, args.max_tokens);
+    let lines = trace::generate(&sessions, args.rate.max(0.0), args.seed);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for line in &lines {
+        if writeln!(out, "{}", line.to_json()).is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    if out.flush().is_err() {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn replay_command(args: ReplayArgs) -> ExitCode {
+    let mut target = match Target::parse(&args.url) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if target.path == "/" {
+        target.path = "/v1/chat/completions".into();
+    }
+    let mut text = String::new();
+    if let Err(e) = std::fs::File::open(&args.trace).and_then(|mut f| f.read_to_string(&mut text)) {
+        eprintln!("error: cannot read {}: {e}", args.trace.display());
+        return ExitCode::from(2);
+    }
+    let lines = match trace::parse(&text) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.trace.display());
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = ReplayConfig {
+        target,
+        concurrency: args.concurrency as usize,
+        speedup: args.speedup,
+        headers: args.headers,
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+    };
+    let result = match replay::run(&cfg, &lines) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start replay threads: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &args.records {
+        let mut text = String::new();
+        for r in &result.records {
+            text.push_str(&r.to_json());
+            text.push('\n');
+        }
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let workload = format!("trace {} ({} requests)", args.trace.display(), lines.len());
+    let report = Report {
+        url: &args.url,
+        workload: &workload,
+        concurrency: cfg.concurrency,
+        stream: false,
+        elapsed: result.elapsed,
+        stats: &result.stats,
+    };
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_markdown());
+    }
+    if result.stats.ok == 0 && result.stats.failed() > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -225,7 +402,9 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        let Command::Load(a) = cli.command;
+        let Command::Load(a) = cli.command else {
+            panic!("parsed as load")
+        };
         assert_eq!(
             a.headers,
             vec![
@@ -235,6 +414,21 @@ mod tests {
         );
         assert!(a.stream && a.json);
         assert!(Cli::try_parse_from(["radixgate-bench", "load", "--concurrency", "0"]).is_err());
+        for line in [
+            "radixgate-bench sim",
+            "radixgate-bench sim --workload docs --distribution zipf --alpha 1.0 --json",
+            "radixgate-bench sim --sweep alpha --policy prefix_aware,round_robin",
+            "radixgate-bench sim --min-match-blocks 4 --saturation-inflight 64 --hysteresis 0.2 --queue-ms-per-request 2",
+            "radixgate-bench gen-trace --workload multiturn --seed 3 --rate 20",
+            "radixgate-bench gen-trace --workload docs --distribution zipf --docs 5 --requests 10",
+            "radixgate-bench replay --url http://127.0.0.1:8080 trace.jsonl --concurrency 8 --speedup 2 --header X-Tenant:t --json",
+        ] {
+            if let Err(e) = Cli::try_parse_from(line.split(' ')) {
+                panic!("{line}: {e}");
+            }
+        }
+        assert!(Cli::try_parse_from(["radixgate-bench", "sim", "--policy", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["radixgate-bench", "replay"]).is_err());
         assert!(parse_header("Content-Length: 3").is_err());
         assert!(parse_header("Bad Name: x").is_err());
     }

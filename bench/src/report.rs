@@ -30,6 +30,8 @@ pub struct Stats {
     pub errors: BTreeMap<String, u64>,
     /// Responses (any status) by their `X-Router-Backend` header.
     pub backends: BTreeMap<String, u64>,
+    /// Responses (any status) by their `X-Router-Reason` header.
+    pub reasons: BTreeMap<String, u64>,
     /// Responses that reported `cached_tokens`, and the sums over just those.
     pub usage_reports: u64,
     pub prompt_tokens: u64,
@@ -48,6 +50,7 @@ impl Default for Stats {
             ok: 0,
             errors: BTreeMap::new(),
             backends: BTreeMap::new(),
+            reasons: BTreeMap::new(),
             usage_reports: 0,
             prompt_tokens: 0,
             cached_tokens: 0,
@@ -67,6 +70,9 @@ impl Stats {
         }
         if let Some(backend) = &ex.backend {
             *self.backends.entry(backend.clone()).or_default() += 1;
+        }
+        if let Some(reason) = &ex.reason {
+            *self.reasons.entry(reason.clone()).or_default() += 1;
         }
         if let Some(usage) = ex.usage {
             self.usage_reports += 1;
@@ -91,6 +97,9 @@ impl Stats {
         }
         for (k, v) in &other.backends {
             *self.backends.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.reasons {
+            *self.reasons.entry(k.clone()).or_default() += v;
         }
         self.usage_reports += other.usage_reports;
         self.prompt_tokens += other.prompt_tokens;
@@ -163,7 +172,7 @@ impl Report<'_> {
             ),
             None => "n/a (no response reported cached_tokens)".to_string(),
         };
-        let _ = writeln!(out, "| cached-token share | {share} |");
+        let _ = writeln!(out, "| cached-token share (hit rate) | {share} |");
         if s.workers_gave_up > 0 {
             let _ = writeln!(out, "| connections given up | {} |", s.workers_gave_up);
         }
@@ -184,6 +193,12 @@ impl Report<'_> {
             let _ = writeln!(out, "\n| backend | responses |\n|---|---|");
             for (b, n) in &s.backends {
                 let _ = writeln!(out, "| {b} | {n} |");
+            }
+        }
+        if !s.reasons.is_empty() {
+            let _ = writeln!(out, "\n| routing reason | responses |\n|---|---|");
+            for (r, n) in &s.reasons {
+                let _ = writeln!(out, "| {r} | {n} |");
             }
         }
         if !s.errors.is_empty() {
@@ -220,6 +235,7 @@ impl Report<'_> {
         }
         push_map(&mut out, "errors", &s.errors);
         push_map(&mut out, "backends", &s.backends);
+        push_map(&mut out, "reasons", &s.reasons);
         let share = s
             .cached_share()
             .map_or("null".to_string(), |x| format!("{x:.6}"));
@@ -278,6 +294,7 @@ mod tests {
         Exchange {
             status,
             backend: backend.map(str::to_string),
+            reason: backend.map(|_| "round-robin".to_string()),
             ttft: Duration::from_millis(ms / 2),
             total: Duration::from_millis(ms),
             body_bytes: 0,
@@ -320,6 +337,8 @@ mod tests {
         assert!(js.starts_with('{') && js.ends_with('}'), "{js}");
         assert!(js.contains("\"errors\":{\"503\":1,\"timeout\":1}"), "{js}");
         assert!(js.contains("\"backends\":{\"e1\":1,\"e2\":1}"), "{js}");
+        assert!(js.contains("\"reasons\":{\"round-robin\":2}"), "{js}");
+        assert!(md.contains("| round-robin | 2 |"), "{md}");
         assert!(js.contains("\"cached_token_share\":0.500000"), "{js}");
     }
 

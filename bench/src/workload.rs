@@ -223,7 +223,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// `n` pseudo-random words separated by spaces.
-fn words(rng: &mut fastrand::Rng, n: usize) -> String {
+pub(crate) fn words(rng: &mut fastrand::Rng, n: usize) -> String {
     let mut s = String::new();
     for k in 0..n {
         if k > 0 {
@@ -235,7 +235,7 @@ fn words(rng: &mut fastrand::Rng, n: usize) -> String {
 }
 
 /// `prefix` followed by pseudo-random words, cut to exactly `len` bytes (ASCII).
-fn text_of_len(rng: &mut fastrand::Rng, prefix: &str, len: usize) -> String {
+pub(crate) fn text_of_len(rng: &mut fastrand::Rng, prefix: &str, len: usize) -> String {
     let mut s = String::with_capacity(len + 16);
     s.push_str(prefix);
     while s.len() < len {
@@ -247,7 +247,7 @@ fn text_of_len(rng: &mut fastrand::Rng, prefix: &str, len: usize) -> String {
 }
 
 /// splitmix64 over the parts: independent, well-spread seeds per purpose and index.
-fn mix(parts: &[u64]) -> u64 {
+pub(crate) fn mix(parts: &[u64]) -> u64 {
     let mut h = 0x243F_6A88_85A3_08D3u64;
     for &p in parts {
         h = splitmix64(h ^ p);

@@ -8,13 +8,18 @@
 //! in `bench/` replays the very same code, so decisions stay unit-testable and
 //! reproducible.
 
+pub mod breaker;
 pub mod index;
 pub mod policy;
 pub mod prompt;
+pub mod retry;
+pub mod route;
 
+pub use breaker::{Breaker, BreakerConfig, BreakerState};
 pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
 pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
     Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
 pub use prompt::{model_seed, PromptHasher};
+pub use retry::RetryBudget;

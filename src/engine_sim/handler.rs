@@ -6,6 +6,7 @@ use super::{EngineConfig, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
 use crate::http::request::Method;
+use crate::open_conns::OpenConnections;
 use crate::openai::{BodyParser, Endpoint, ModelTable, RequestFacts};
 use crate::server::Utf8Vec;
 use monoio::io::AsyncWriteRentExt;
@@ -45,6 +46,8 @@ pub struct Engine {
     waiting: RefCell<VecDeque<flume::Sender<()>>>,
     counters: RefCell<Counters>,
     next_id: Cell<u64>,
+    /// Open connections, closed for real when the engine stops.
+    pub conns: Rc<OpenConnections>,
 }
 
 /// A batch slot; dropping it hands the slot to the next waiter, or frees it.
@@ -82,11 +85,12 @@ impl Engine {
             waiting: RefCell::new(VecDeque::new()),
             counters: RefCell::new(Counters::default()),
             next_id: Cell::new(0),
+            conns: Rc::default(),
             config,
         })
     }
 
-    pub async fn serve(self: Rc<Self>, listener: TcpListener) {
+    pub async fn serve(self: Rc<Self>, listener: &TcpListener) {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 monoio::time::sleep(Duration::from_millis(5)).await;
@@ -112,6 +116,7 @@ impl Engine {
             idle_timeout: Duration::from_secs(300),
         };
         let mut conn = ClientConn::new(stream, Vec::with_capacity(8192));
+        let _registered = self.conns.register(&conn.stream);
         loop {
             match conn.read_request(&limits).await {
                 Ok(ReadOutcome::Request) => {}

@@ -15,7 +15,7 @@
 mod cache;
 mod handler;
 
-use crate::runtime::{bind_reuseport, Driver, ShardRuntime};
+use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
 use std::io;
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
@@ -141,10 +141,13 @@ pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Re
                     return;
                 };
                 let engine = handler::Engine::new(config);
+                let conns = engine.conns.clone();
                 monoio::select! {
-                    _ = engine.serve(listener) => {}
+                    _ = engine.serve(&listener) => {}
                     _ = stop_rx.recv_async() => {}
                 }
+                stop_listening(&listener);
+                conns.shutdown_all();
             });
         })?;
     Ok(EngineHandle {

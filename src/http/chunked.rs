@@ -82,6 +82,11 @@ impl ChunkedDecoder {
         self.state == State::Done
     }
 
+    /// True between chunks: the next byte would start a chunk-size line.
+    pub fn at_chunk_boundary(&self) -> bool {
+        matches!(self.state, State::Size { digits: 0, .. })
+    }
+
     /// Feeds `input`; payload bytes are passed to `on_data`. Returns how many bytes of
     /// `input` belong to the chunked body (all of them unless the body ended inside
     /// `input`, in which case the rest belongs to whatever follows on the connection).

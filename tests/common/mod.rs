@@ -380,3 +380,8 @@ pub fn wait_replicated(addr: SocketAddr) {
     });
     assert!(caught_up, "replicas did not catch up");
 }
+
+/// Sleeps the test thread (for fault timing: a kill mid-run, a breaker's open time).
+pub fn pause(d: Duration) {
+    std::thread::sleep(d);
+}

@@ -1,33 +1,29 @@
-//! The upstream side of a model request: pick a backend, send the request over a
-//! pooled keep-alive connection, and stream the response back as it arrives.
+//! One attempt against one backend: send the request over a pooled keep-alive
+//! connection, read the response head (within the first-byte timeout), and stream
+//! the body back to the client byte for byte, chunk framing included.
 //!
-//! The request body goes upstream exactly as the client sent it (de-chunked, with a
-//! Content-Length). The response body is passed through byte for byte, including its
-//! chunk framing: the shard only tracks where it ends, notes the first body byte
-//! (TTFT) and lets the [`UsageScanner`] watch for the final `usage`. A connection
-//! goes back to the pool only when its response was read to the end.
+//! The shard only tracks where the body ends, notes the first body byte (TTFT) and
+//! lets the [`UsageScanner`] watch for the final `usage`. A connection goes back to
+//! the pool only when its response was read to the end. If the upstream breaks off
+//! an SSE stream at a chunk boundary, the client gets a final `data: {"error":...}`
+//! event and a properly ended body instead of a cut connection.
 
+use super::route::Route;
 use crate::error::{ErrorKind, GatewayError};
-use crate::fleet::InFlightGuard;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::io::read_append;
-use crate::http::request::RequestHead;
 use crate::http::response::{parse_response_head, ResponseHead};
 use crate::http::BodyFraming;
 use crate::metrics::RequestKey;
 use crate::observe::UsageScanner;
-use crate::openai::{Endpoint, RequestFacts};
-use crate::replica::{IndexEvent, IndexOp};
+use crate::openai::RequestFacts;
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use radixgate_orchestrator::{Candidate, Pick, PolicyName, RouteInput, RoutingPolicy};
 use std::fmt::Write as _;
 use std::rc::Rc;
-use std::sync::Arc;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Prefill cost is learned only from responses with at least this many uncached
 /// prompt tokens (shorter ones are dominated by fixed overheads).
@@ -38,262 +34,30 @@ fn ewma(old: u32, sample: u32) -> u32 {
     ((old as u64 * 4 + sample as u64) / 5) as u32
 }
 
-/// Bodies up to this size are sent in the same write as the request head.
-const COALESCE_BODY: usize = 64 << 10;
-
-/// Forwards one model request. `Err` means nothing was written to the client yet
-/// (the caller renders the error); `Ok(keep_open)` means a response went out.
-pub async fn forward(
-    shard: &Rc<Shard>,
-    client: &mut TcpStream,
-    head: &RequestHead,
-    body: &[u8],
-    endpoint: Endpoint,
-    request_id: &str,
-    started: Instant,
-) -> Result<bool, GatewayError> {
-    let shared = &shard.shared;
-    let facts = {
-        let mut parser = shard.parser.borrow_mut();
-        let mut hasher = shard.hasher.borrow_mut();
-        parser.parse(endpoint, body, &shared.models, &mut hasher)?
-    };
-    let policy = policy_for(shard, head)?;
-    let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
-    let route = route(shard, &facts, policy, session)?;
-    shard
-        .metrics
-        .borrow_mut()
-        .decision
-        .observe(started.elapsed());
-    let pick = route.pick;
-    let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, pick.backend);
-
-    let mut request = shard.take_buffer();
-    write_upstream_head(
-        shard,
-        &mut request,
-        head,
-        body.len(),
-        pick.backend,
-        request_id,
-    );
-    let split_body = body.len() > COALESCE_BODY;
-    if !split_body {
-        request.extend_from_slice(body);
-    }
-    let mut exchange = Exchange {
-        shard,
-        backend: pick.backend,
-        started,
-        first_byte: None,
-        usage: UsageScanner::default(),
-        status: 0,
-    };
-    let result = exchange
-        .run(
-            client,
-            request,
-            split_body.then_some(body),
-            &route,
-            head.keep_alive,
-            request_id,
-        )
-        .await;
-    let keep_open = match result {
-        Ok(keep) => keep,
-        Err(Failure::BeforeResponse(e)) => {
-            exchange.status = e.status();
-            route.roll_back(shard);
-            let mut extra = Vec::with_capacity(128);
-            router_headers(shard, &mut extra, &route, request_id);
-            let resp = e.to_response(&extra, head.keep_alive);
-            let (r, _) = client.write_all(resp).await;
-            r.is_ok() && head.keep_alive
-        }
-        Err(Failure::AfterResponse) => false,
-    };
-    exchange.record(&facts, &route);
-    Ok(keep_open)
+pub(super) enum Failure {
+    /// Nothing reached the client and another backend may take the request: a
+    /// connect error, a reset or timeout before the first byte, a broken head, or a
+    /// 5xx the caller chose to retry.
+    Retryable(GatewayError),
+    /// The response was under way, or the client left. `upstream_fault`: the backend
+    /// broke (counts against its breaker); `keep_open`: the client's connection is
+    /// still well framed (an SSE error event ended the stream).
+    AfterResponse {
+        upstream_fault: bool,
+        keep_open: bool,
+    },
 }
 
-fn policy_for(shard: &Shard, head: &RequestHead) -> Result<PolicyName, GatewayError> {
-    let routing = &shard.shared.config.routing;
-    if routing.allow_policy_header && !head.policy_override.is_empty() {
-        return head
-            .policy_override
-            .parse()
-            .map_err(|e: radixgate_orchestrator::UnknownPolicy| {
-                GatewayError::invalid_param("X-Router-Policy", e.to_string())
-            });
-    }
-    Ok(routing.policy)
-}
+const CLIENT_GONE: Failure = Failure::AfterResponse {
+    upstream_fault: false,
+    keep_open: false,
+};
+const UPSTREAM_BROKE: Failure = Failure::AfterResponse {
+    upstream_fault: true,
+    keep_open: false,
+};
 
-/// A routing decision and the index belief recorded for it.
-struct Route {
-    pick: Pick,
-    /// Leading prompt blocks the chosen backend held, per this shard's replica.
-    matched_blocks: u32,
-    /// In-flight requests on the chosen backend before this one.
-    in_flight_before: u32,
-    /// The prompt's blocks, recorded in the index as now held by the pick.
-    blocks: Option<Arc<[u64]>>,
-}
-
-impl Route {
-    /// The attempt failed before the engine could cache anything: forget the blocks
-    /// the pick did not already hold, here and (via the coordinator) everywhere.
-    fn roll_back(&self, shard: &Shard) {
-        let Some(blocks) = &self.blocks else { return };
-        let from = self.matched_blocks as usize;
-        if from >= blocks.len() {
-            return;
-        }
-        shard
-            .index
-            .borrow_mut()
-            .remove(self.pick.backend, blocks, from);
-        publish(
-            shard,
-            IndexOp::Remove {
-                backend: self.pick.backend,
-                blocks: blocks.clone(),
-                from,
-            },
-        );
-    }
-}
-
-fn publish(shard: &Shard, op: IndexOp) {
-    shard.metrics.borrow_mut().index_events_published += 1;
-    let _ = shard.shared.index_events.send(IndexEvent {
-        origin_shard: shard.id,
-        created: std::time::Instant::now(),
-        op,
-    });
-}
-
-/// Looks the prompt up in this shard's index replica, asks the policy, and records
-/// the belief that the pick now holds the prompt (applied here at once, replicated
-/// through the coordinator).
-fn route(
-    shard: &Shard,
-    facts: &RequestFacts,
-    policy: PolicyName,
-    session: Option<u64>,
-) -> Result<Route, GatewayError> {
-    let shared = &shard.shared;
-    let now_ms = shared.now_ms();
-    let hasher = shard.hasher.borrow();
-    let blocks = hasher.blocks();
-    let mut matches = shard.matches.borrow_mut();
-    shard.index.borrow().match_prefix(blocks, &mut matches);
-    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
-    let fleet = shard.fleet.borrow();
-    let prefill_ns = shard.prefill_ns.borrow();
-    let mut candidates = shard.candidates.borrow_mut();
-    candidates.clear();
-    for &b in &shared.model_backends[facts.model] {
-        if fleet.healthy[b] {
-            candidates.push(Candidate {
-                backend: b,
-                in_flight: shared.in_flight.total(b),
-                matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
-                engine_waiting: fleet.engine_waiting(b),
-                prefill_ns_per_token: prefill_ns[b],
-                session_home: session_home == Some(b),
-            });
-        }
-    }
-    let no_backend = || {
-        GatewayError::new(
-            ErrorKind::NoHealthyBackend,
-            format!(
-                "no healthy backend serves model `{}`",
-                shared.models.name(facts.model)
-            ),
-        )
-    };
-    if candidates.is_empty() {
-        return Err(no_backend());
-    }
-    let input = RouteInput {
-        candidates: &candidates,
-        affinity_key: facts.affinity_key,
-        prompt_blocks: blocks.len() as u32,
-    };
-    let pick = shard
-        .policies
-        .borrow_mut()
-        .get(policy, &shared.policy_config)
-        .pick(&input, &mut shard.rng.borrow_mut())
-        .ok_or_else(no_backend)?;
-    let chosen = candidates
-        .iter()
-        .find(|c| c.backend == pick.backend)
-        .copied()
-        .unwrap_or_default();
-    let recorded = (!blocks.is_empty()).then(|| {
-        shard
-            .index
-            .borrow_mut()
-            .insert(pick.backend, blocks, now_ms);
-        let blocks: Arc<[u64]> = blocks.into();
-        publish(
-            shard,
-            IndexOp::Insert {
-                backend: pick.backend,
-                blocks: blocks.clone(),
-                now_ms,
-            },
-        );
-        blocks
-    });
-    if let Some(session) = session {
-        shard
-            .sessions
-            .borrow_mut()
-            .bind(session, pick.backend, now_ms);
-        publish(
-            shard,
-            IndexOp::BindSession {
-                session,
-                backend: pick.backend,
-                now_ms,
-            },
-        );
-    }
-    Ok(Route {
-        pick,
-        matched_blocks: chosen.matched_blocks,
-        in_flight_before: chosen.in_flight,
-        blocks: recorded,
-    })
-}
-
-fn write_upstream_head(
-    shard: &Shard,
-    out: &mut Vec<u8>,
-    head: &RequestHead,
-    body_len: usize,
-    backend: usize,
-    request_id: &str,
-) {
-    let b = &shard.shared.config.backends[backend];
-    let _ = write!(
-        Utf8Vec(out),
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nX-Request-Id: {}\r\n",
-        head.path,
-        b.host,
-        body_len,
-        request_id
-    );
-    out.extend_from_slice(&head.forward_headers);
-    out.extend_from_slice(b"\r\n");
-}
-
-fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &str) {
+pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &str) {
     let _ = write!(
         Utf8Vec(out),
         "X-Router-Backend: {}\r\nX-Router-Reason: {}\r\nX-Router-Match-Blocks: {}\r\nX-Request-Id: {}\r\n",
@@ -302,13 +66,6 @@ fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &
         route.matched_blocks,
         request_id
     );
-}
-
-enum Failure {
-    /// Nothing reached the client: answer with this error.
-    BeforeResponse(GatewayError),
-    /// The response was under way (or the client left): close the connection.
-    AfterResponse,
 }
 
 /// Tracks where an upstream response body ends.
@@ -326,6 +83,11 @@ impl BodyTracker {
             BodyFraming::Chunked => BodyTracker::Chunked(ChunkedDecoder::new()),
             BodyFraming::UntilClose => BodyTracker::UntilClose,
         }
+    }
+
+    /// Whether the body stopped between two chunks (so an event can be appended).
+    fn at_chunk_boundary(&self) -> bool {
+        matches!(self, BodyTracker::Chunked(d) if d.at_chunk_boundary())
     }
 
     fn done(&self) -> bool {
@@ -354,17 +116,20 @@ impl BodyTracker {
     }
 }
 
-struct Exchange<'s> {
-    shard: &'s Rc<Shard>,
-    backend: usize,
-    started: Instant,
-    first_byte: Option<Instant>,
-    usage: UsageScanner,
-    status: u16,
+pub(super) struct Exchange<'s> {
+    pub shard: &'s Rc<Shard>,
+    pub backend: usize,
+    pub started: Instant,
+    pub first_byte: Option<Instant>,
+    pub usage: UsageScanner,
+    pub status: u16,
 }
 
 impl Exchange<'_> {
-    async fn run(
+    /// Runs the attempt. With `may_retry`, a 5xx is not passed on but returned as
+    /// [`Failure::Retryable`] (nothing has reached the client yet).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run(
         &mut self,
         client: &mut TcpStream,
         request: Vec<u8>,
@@ -372,14 +137,25 @@ impl Exchange<'_> {
         route: &Route,
         client_keep_alive: bool,
         request_id: &str,
+        may_retry: bool,
     ) -> Result<bool, Failure> {
         let shard = self.shard;
         let upstream_cfg = &shard.shared.config.upstream;
         let (mut upstream, mut buf, head_len, resp) = self
             .send(request, separate_body)
             .await
-            .map_err(Failure::BeforeResponse)?;
+            .map_err(Failure::Retryable)?;
         self.status = resp.status;
+        if may_retry && resp.status >= 500 {
+            shard.give_buffer(buf);
+            return Err(Failure::Retryable(GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                format!(
+                    "backend `{}` answered {} {}",
+                    shard.shared.backend_ids[self.backend], resp.status, resp.reason
+                ),
+            )));
+        }
 
         // Response head to the client, with the first body bytes if they came along.
         let mut tracker = BodyTracker::new(resp.framing());
@@ -400,7 +176,7 @@ impl Exchange<'_> {
         let leftover = &buf[head_len..];
         let used = tracker
             .advance(leftover, &mut self.usage)
-            .map_err(|_| Failure::AfterResponse)?;
+            .map_err(|_| UPSTREAM_BROKE)?;
         let mut reusable = used == leftover.len();
         if used > 0 || tracker.done() {
             self.first_byte = Some(Instant::now());
@@ -410,7 +186,7 @@ impl Exchange<'_> {
         shard.give_buffer(out);
         if r.is_err() {
             shard.give_buffer(buf);
-            return Err(Failure::AfterResponse);
+            return Err(CLIENT_GONE);
         }
 
         // The rest of the body, piece by piece as it arrives.
@@ -421,23 +197,28 @@ impl Exchange<'_> {
                 read_append(&mut upstream, &mut buf, 16 << 10),
             )
             .await;
-            let n = match read {
-                Ok(Ok(n)) => n,
-                _ => return Err(Failure::AfterResponse),
-            };
-            if n == 0 {
-                if matches!(tracker, BodyTracker::UntilClose) {
+            match read {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
                     shard.give_buffer(buf);
                     return Ok(false);
                 }
-                return Err(Failure::AfterResponse);
+                _ => {
+                    let ended_cleanly = resp.event_stream
+                        && tracker.at_chunk_boundary()
+                        && self.end_stream_with_error(client, buf).await;
+                    return Err(Failure::AfterResponse {
+                        upstream_fault: true,
+                        keep_open: ended_cleanly && keep_client,
+                    });
+                }
             }
             if self.first_byte.is_none() {
                 self.first_byte = Some(Instant::now());
             }
             let used = tracker
                 .advance(&buf, &mut self.usage)
-                .map_err(|_| Failure::AfterResponse)?;
+                .map_err(|_| UPSTREAM_BROKE)?;
             if used < buf.len() {
                 // Bytes after the end of the response: the upstream broke framing.
                 reusable = false;
@@ -446,7 +227,7 @@ impl Exchange<'_> {
             let (r, b) = client.write_all(buf).await;
             buf = b;
             if r.is_err() {
-                return Err(Failure::AfterResponse);
+                return Err(CLIENT_GONE);
             }
         }
         shard.give_buffer(buf);
@@ -454,6 +235,26 @@ impl Exchange<'_> {
             shard.pool.borrow_mut().put(self.backend, upstream);
         }
         Ok(keep_client)
+    }
+
+    /// The upstream broke off an SSE stream between two chunks: tell the client in
+    /// the stream itself and end the body properly. True when that reached it.
+    async fn end_stream_with_error(&self, client: &mut TcpStream, mut buf: Vec<u8>) -> bool {
+        let id = &self.shard.shared.backend_ids[self.backend];
+        let e = GatewayError::new(
+            ErrorKind::UpstreamProtocol,
+            format!("backend `{id}` broke off the stream"),
+        );
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&e.body());
+        event.extend_from_slice(b"\n\n");
+        buf.clear();
+        let _ = write!(Utf8Vec(&mut buf), "{:x}\r\n", event.len());
+        buf.extend_from_slice(&event);
+        buf.extend_from_slice(b"\r\n0\r\n\r\n");
+        let (r, buf) = client.write_all(buf).await;
+        self.shard.give_buffer(buf);
+        r.is_ok()
     }
 
     /// Sends the request and reads the response head. A pooled connection that
@@ -544,7 +345,7 @@ impl Exchange<'_> {
 
     /// Metrics, and the closed loop: the index's prediction against the engine's
     /// reported cached tokens, and the backend's prefill cost learned from TTFT.
-    fn record(&self, facts: &RequestFacts, route: &Route) {
+    pub fn record(&self, facts: &RequestFacts, route: &Route) {
         let shard = self.shard;
         let backend = route.pick.backend;
         let mut m = shard.metrics.borrow_mut();

@@ -1,0 +1,174 @@
+use super::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// What the server saw, in order: ("req" or "resp", session, body).
+type Log = Arc<Mutex<Vec<(&'static str, String, String)>>>;
+
+/// Reads one request; returns its X-Session-ID and body, `None` at end of stream.
+fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let header = |name: &str| {
+                head.lines().find_map(|l| {
+                    let (n, v) = l.split_once(':')?;
+                    n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+                })
+            };
+            let len: usize = header("content-length").unwrap().parse().unwrap();
+            if buf.len() >= end + 4 + len {
+                let body = buf[end + 4..end + 4 + len].to_vec();
+                buf.drain(..end + 4 + len);
+                return Some((header("x-session-id").unwrap_or_default(), body));
+            }
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Answers every request with usage 100/40 and router headers; a body containing
+/// "slow" is answered after 50 ms. Logs (event, session, body) as requests arrive
+/// and as responses go out.
+fn serve(mut s: TcpStream, log: Log) {
+    let (_never, delay) = mpsc::channel::<()>();
+    let mut buf = Vec::new();
+    while let Some((session, body)) = read_request(&mut s, &mut buf) {
+        let body = String::from_utf8(body).unwrap();
+        log.lock()
+            .unwrap()
+            .push(("req", session.clone(), body.clone()));
+        if body.contains("slow") {
+            let _ = delay.recv_timeout(Duration::from_millis(50));
+        }
+        let json = r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":40}}}"#;
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Router-Backend: b1\r\nX-Router-Reason: session-affinity\r\nContent-Length: {}\r\n\r\n{json}",
+            json.len()
+        );
+        log.lock().unwrap().push(("resp", session, body));
+        s.write_all(resp.as_bytes()).unwrap();
+    }
+}
+
+fn start_server() -> (Target, Log) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let shared = log.clone();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let log = shared.clone();
+            thread::spawn(move || serve(conn.unwrap(), log));
+        }
+    });
+    (
+        Target::parse(&format!("http://{addr}/v1/chat/completions")).unwrap(),
+        log,
+    )
+}
+
+fn line(session: &str, turn: u64, at_ms: f64, tag: &str) -> TraceLine {
+    TraceLine {
+        session: session.into(),
+        turn,
+        at_ms,
+        body: format!("{{\"model\":\"sim\",\"tag\":\"{tag}\"}}"),
+    }
+}
+
+#[test]
+fn replays_in_session_order_and_records() {
+    let (target, log) = start_server();
+    // Session a's first turn is slow; its second turn must wait for it, while session
+    // b (listed after a's second turn) goes ahead. Session c's line is due at 60 ms
+    // of trace time, 30 ms at speedup 2.
+    let lines = vec![
+        line("a", 0, 0.0, "a0 slow"),
+        line("a", 1, 0.0, "a1"),
+        line("b", 0, 0.0, "b0"),
+        line("b", 1, 0.0, "b1"),
+        line("c", 0, 60.0, "c0"),
+    ];
+    let cfg = ReplayConfig {
+        target,
+        concurrency: 3,
+        speedup: 2.0,
+        headers: vec![("X-Tenant".into(), "t1".into())],
+        timeout: Duration::from_secs(10),
+    };
+    let r = run(&cfg, &lines).unwrap();
+    assert_eq!(r.stats.ok, 5);
+    assert_eq!(r.stats.reasons.get("session-affinity"), Some(&5));
+    assert_eq!(r.stats.backends.get("b1"), Some(&5));
+    assert_eq!((r.stats.prompt_tokens, r.stats.cached_tokens), (500, 200));
+    assert_eq!(r.records.len(), 5);
+    assert_eq!(r.records[1].session, "a");
+    assert_eq!(r.records[1].turn, 1);
+    assert!(r.records.iter().all(|x| x.status == Some(200)
+        && x.cached_tokens == Some(40)
+        && x.reason.as_deref() == Some("session-affinity")));
+    assert!(r.records[4].start_ms >= 30.0, "{:?}", r.records[4]);
+    assert!(r.records[0].total_ms.unwrap() >= 50.0);
+
+    let log = log.lock().unwrap();
+    let at = |event: &str, tag: &str| {
+        log.iter()
+            .position(|(e, _, b)| *e == event && b.contains(&format!("\"tag\":\"{tag}")))
+            .unwrap()
+    };
+    assert!(at("resp", "a0 slow") < at("req", "a1"), "{log:?}");
+    assert!(at("resp", "b0") < at("req", "b1"), "{log:?}");
+    assert!(at("req", "b1") < at("req", "a1"), "b waited for a: {log:?}");
+    assert!(log
+        .iter()
+        .all(|(_, s, b)| b.contains(&format!("\"tag\":\"{s}"))));
+    let md = crate::report::Report {
+        url: "u",
+        workload: "trace",
+        concurrency: 3,
+        stream: false,
+        elapsed: r.elapsed,
+        stats: &r.stats,
+    }
+    .to_markdown();
+    assert!(
+        md.contains("| session-affinity | 5 |") && md.contains("40.0%"),
+        "{md}"
+    );
+    let js = r.records[0].to_json();
+    assert!(js.starts_with("{\"session\":\"a\",\"turn\":0,"), "{js}");
+    assert!(
+        js.contains("\"reason\":\"session-affinity\",\"prompt_tokens\":100,\"cached_tokens\":40}"),
+        "{js}"
+    );
+}
+
+#[test]
+fn dead_target_records_errors_and_keeps_going() {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cfg = ReplayConfig {
+        target: Target::parse(&format!("http://{addr}/")).unwrap(),
+        concurrency: 2,
+        speedup: 1.0,
+        headers: Vec::new(),
+        timeout: Duration::from_secs(1),
+    };
+    let lines = vec![line("a", 0, 0.0, "x"), line("a", 1, 0.0, "y")];
+    let r = run(&cfg, &lines).unwrap();
+    assert_eq!(r.stats.errors.get("connect"), Some(&2));
+    assert!(r
+        .records
+        .iter()
+        .all(|x| x.error == Some("connect") && x.status.is_none()));
+}

@@ -1,0 +1,121 @@
+use super::workload::{Distribution, DocsConfig, MultiturnConfig};
+use super::*;
+
+fn small_docs(distribution: Distribution) -> WorkloadSpec {
+    WorkloadSpec::Docs(DocsConfig {
+        docs: 6,
+        doc_bytes: 2048,
+        requests: 300,
+        distribution,
+        ..DocsConfig::default()
+    })
+}
+
+fn small_cfg() -> SimConfig {
+    SimConfig {
+        cache_blocks: 90,
+        window: 12,
+        ..SimConfig::default()
+    }
+}
+
+#[test]
+fn same_seed_same_results() {
+    let cfg = small_cfg();
+    for spec in [
+        small_docs(Distribution::Zipf(1.0)),
+        WorkloadSpec::Multiturn(MultiturnConfig::default()),
+    ] {
+        let a = run_policies(&cfg, &spec, &PolicyName::ALL);
+        let b = run_policies(&cfg, &spec, &PolicyName::ALL);
+        assert_eq!(a, b, "{}", spec.name());
+        let other = run_policies(
+            &SimConfig {
+                seed: 2,
+                ..cfg.clone()
+            },
+            &spec,
+            &PolicyName::ALL,
+        );
+        assert_ne!(a, other, "{} ignores the seed", spec.name());
+    }
+}
+
+fn result(runs: &[(PolicyName, RunResult)], p: PolicyName) -> &RunResult {
+    &runs.iter().find(|(q, _)| *q == p).unwrap().1
+}
+
+#[test]
+fn smoke_docs_prefix_aware_beats_round_robin() {
+    for d in [Distribution::Uniform, Distribution::Zipf(1.0)] {
+        let runs = run_policies(&small_cfg(), &small_docs(d), &PolicyName::ALL);
+        for (p, r) in &runs {
+            assert_eq!(r.requests, 300, "{p}");
+            assert_eq!(r.ttft_ns.len(), 300, "{p}");
+            assert_eq!(r.per_backend.iter().sum::<u64>(), 300, "{p}");
+            assert!(r.hit_rate() <= r.ceiling_hit_rate() + 1e-9, "{p}");
+        }
+        let pa = result(&runs, PolicyName::PrefixAware);
+        let rr = result(&runs, PolicyName::RoundRobin);
+        assert!(
+            pa.hit_rate() > rr.hit_rate(),
+            "{d:?}: prefix_aware {} vs round_robin {}",
+            pa.hit_rate(),
+            rr.hit_rate()
+        );
+    }
+}
+
+#[test]
+fn smoke_multiturn_prefix_aware_beats_round_robin() {
+    let spec = WorkloadSpec::Multiturn(MultiturnConfig {
+        sessions: 6,
+        turns: 4,
+        ..MultiturnConfig::default()
+    });
+    let runs = run_policies(&small_cfg(), &spec, &PolicyName::ALL);
+    for (p, r) in &runs {
+        assert_eq!(r.requests, 24, "{p}");
+    }
+    let pa = result(&runs, PolicyName::PrefixAware);
+    let rr = result(&runs, PolicyName::RoundRobin);
+    assert!(
+        pa.hit_rate() > rr.hit_rate(),
+        "{} vs {}",
+        pa.hit_rate(),
+        rr.hit_rate()
+    );
+}
+
+#[test]
+fn cost_model_by_hand() {
+    // One backend, window 2, two prompts sharing their first block (the second block
+    // holds each one's own question): the first is cold, the second waits for the
+    // first's prefill and then hits the shared block.
+    let spec = WorkloadSpec::Docs(DocsConfig {
+        docs: 1,
+        doc_bytes: 100,
+        system_bytes: 0,
+        question_bytes: 20,
+        requests: 2,
+        distribution: Distribution::Uniform,
+    });
+    let cfg = SimConfig {
+        backends: 1,
+        window: 2,
+        ..SimConfig::default()
+    };
+    let sessions = workload::build(&spec, 1, "sim", 16);
+    let prompts = hash_sessions(&sessions, cfg.block_bytes);
+    let p = &prompts[0][0];
+    // "system" 0x1F 0x1D + 100 + 0x1E "user" 0x1F 0x1D + 20 = 135 bytes: 2 blocks.
+    assert_eq!((p.bytes, p.blocks.len(), p.tokens()), (135, 2, 34));
+    let r = run(&cfg, PolicyName::RoundRobin, &sessions, &prompts);
+    assert_eq!((r.prompt_tokens, r.cached_tokens), (68, 16));
+    assert_eq!((r.prompt_blocks, r.cached_blocks), (4, 1));
+    let first = 34 * 20_000;
+    let second = first + (34 - 16) * 20_000;
+    assert_eq!(r.ttft_ns, vec![first, second]);
+    assert_eq!(r.makespan_ns, second + 32_000_000);
+    assert_eq!(r.queue_ns_total, first);
+}

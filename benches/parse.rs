@@ -1,0 +1,307 @@
+//! The request body's JSON step, simd-json (what the gateway uses) against sonic-rs,
+//! on the same chat bodies in the same run, as DESIGN.md asks before settling.
+//!
+//! Bodies are `/v1/chat/completions` requests with a system message (384 bytes) and a
+//! user message, 1 KB to 128 KB of content of English-looking text with paragraph
+//! breaks (so strings carry `\n` escapes). Cases per body:
+//!
+//! - `simd-json/dom`: copy into a reused scratch buffer (simd-json rewrites its input;
+//!   the original goes upstream) and parse into borrowed values with reused buffers,
+//!   as [`BodyParser`] does, and nothing else.
+//! - `sonic-rs/dom`: `sonic_rs::from_slice::<Value>` on the original bytes (sonic-rs
+//!   does not write to its input, so no copy).
+//! - `simd-json/body-parser`: the gateway's whole step, [`BodyParser::parse`]: parse,
+//!   check the fields, stream the prompt into the [`PromptHasher`].
+//! - `sonic-rs/body-parser`: the same reads and hashing done on a sonic-rs `Value`
+//!   (the fields this workload has: model, stream, max_tokens, messages with string
+//!   content), checked at start to yield the same block hashes.
+//!
+//! After the criterion run the binary prints allocations per parse for each case.
+//!
+//! Run: `cargo bench -p radixgate --bench parse -- --warm-up-time 1 --measurement-time 2`.
+//! sonic-rs picks its SIMD code at compile time (AVX2 and PCLMULQDQ only under
+//! `-C target-cpu=native` or matching `-C target-feature`); simd-json detects at run
+//! time. Run it both ways to compare fairly.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::num::NonZeroUsize;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use radixgate::openai::{BodyParser, Endpoint, ModelTable};
+use radixgate_orchestrator::{model_seed, PromptHasher};
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+
+// === counting allocator ===
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the counter is a
+// const-initialised thread-local `Cell`, which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// === bodies ===
+
+const MODEL: &str = "bench-model";
+const SYSTEM_BYTES: usize = 384;
+const BODY_KB: [usize; 4] = [1, 4, 32, 128];
+
+const WORDS: &[&str] = &[
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "a",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "cache",
+    "request",
+    "model",
+    "token",
+    "prefix",
+    "backend",
+    "latency",
+    "engine",
+    "memory",
+    "document",
+    "answer",
+    "question",
+    "section",
+    "report",
+    "policy",
+    "contract",
+    "customer",
+    "revenue",
+    "analysis",
+    "summary",
+    "function",
+    "return",
+    "error",
+    "value",
+    "deployment",
+    "throughput",
+    "measurement",
+    "agreement",
+    "clause",
+    "patient",
+    "treatment",
+    "chapter",
+];
+
+/// English-looking ASCII text of exactly `len` bytes, with paragraph breaks.
+fn text(rng: &mut fastrand::Rng, len: usize) -> String {
+    let mut s = String::with_capacity(len + 32);
+    let mut words = 0;
+    while s.len() < len {
+        s.push_str(WORDS[rng.usize(..WORDS.len())]);
+        words += 1;
+        if words > 6 && rng.u8(..8) == 0 {
+            s.push_str(if rng.u8(..5) == 0 { ".\n\n" } else { ". " });
+            words = 0;
+        } else {
+            s.push(' ');
+        }
+    }
+    s.truncate(len);
+    s
+}
+
+fn body(rng: &mut fastrand::Rng, kb: usize) -> Vec<u8> {
+    let system = text(rng, SYSTEM_BYTES);
+    let user = text(rng, kb * 1024 - SYSTEM_BYTES);
+    serde_json::to_vec(&serde_json::json!({
+        "model": MODEL,
+        "stream": true,
+        "max_tokens": 256,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ],
+    }))
+    .expect("serialisable")
+}
+
+// === sonic-rs counterpart of BodyParser ===
+
+/// What [`BodyParser::parse`] reads for these bodies, on a sonic-rs DOM; `None` on
+/// anything it would reject.
+fn sonic_parse(
+    body: &[u8],
+    models: &ModelTable,
+    seed: u64,
+    hasher: &mut PromptHasher,
+) -> Option<(usize, bool, Option<u64>)> {
+    let value: sonic_rs::Value = sonic_rs::from_slice(body).ok()?;
+    let model = models.get(value.get("model")?.as_str()?)?;
+    let stream = match value.get("stream") {
+        None => false,
+        Some(v) if v.is_null() => false,
+        Some(v) => v.as_bool()?,
+    };
+    let max_tokens = value.get("max_tokens").and_then(|v| v.as_u64());
+    hasher.reset(seed);
+    for m in value.get("messages")?.as_array()?.iter() {
+        let role = m.get("role")?.as_str()?;
+        let name = m.get("name").and_then(|n| n.as_str());
+        match m.get("content") {
+            None => hasher.feed_message(role, name, ""),
+            Some(c) if c.is_null() => hasher.feed_message(role, name, ""),
+            Some(c) => hasher.feed_message(role, name, c.as_str()?),
+        }
+    }
+    Some((model, stream, max_tokens))
+}
+
+fn hasher() -> PromptHasher {
+    PromptHasher::new(NonZeroUsize::new(64).expect("non-zero"))
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    let models = ModelTable::new(vec![MODEL.to_owned()]);
+    let seed = model_seed(MODEL);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let bodies: Vec<(usize, Vec<u8>)> =
+        BODY_KB.iter().map(|&kb| (kb, body(&mut rng, kb))).collect();
+
+    let mut parser = BodyParser::default();
+    let mut h = hasher();
+    let mut scratch = Vec::new();
+    let mut buffers = simd_json::Buffers::new(16 << 10);
+    for (_, body) in &bodies {
+        parser
+            .parse(Endpoint::ChatCompletions, body, &models, &mut h)
+            .expect("valid body");
+        let expected = h.blocks().to_vec();
+        sonic_parse(body, &models, seed, &mut h).expect("valid body");
+        assert_eq!(h.blocks(), expected, "both parsers hash the same prompt");
+    }
+
+    let mut group = c.benchmark_group("parse");
+    for (kb, body) in &bodies {
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        let id = format!("{kb}KB");
+        group.bench_function(BenchmarkId::new("simd-json/dom", &id), |b| {
+            b.iter(|| {
+                scratch.clear();
+                scratch.extend_from_slice(black_box(body));
+                let v = simd_json::borrowed::to_value_with_buffers(&mut scratch, &mut buffers)
+                    .expect("valid");
+                black_box(&v);
+            })
+        });
+        group.bench_function(BenchmarkId::new("sonic-rs/dom", &id), |b| {
+            b.iter(|| {
+                let v: sonic_rs::Value = sonic_rs::from_slice(black_box(body)).expect("valid");
+                black_box(&v);
+            })
+        });
+        group.bench_function(BenchmarkId::new("simd-json/body-parser", &id), |b| {
+            b.iter(|| {
+                parser
+                    .parse(Endpoint::ChatCompletions, black_box(body), &models, &mut h)
+                    .expect("valid")
+            })
+        });
+        group.bench_function(BenchmarkId::new("sonic-rs/body-parser", &id), |b| {
+            b.iter(|| sonic_parse(black_box(body), &models, seed, &mut h).expect("valid"))
+        });
+    }
+    group.finish();
+    c.final_summary();
+
+    println!();
+    println!("Allocations per parse (after warm-up):");
+    println!("| body | bytes | simd-json/dom | sonic-rs/dom | simd-json/body-parser | sonic-rs/body-parser |");
+    println!("|---|---|---|---|---|---|");
+    const RUNS: u64 = 100;
+    for (kb, body) in &bodies {
+        let mut counts = [0u64; 4];
+        for (i, n) in counts.iter_mut().enumerate() {
+            let mut run = || match i {
+                0 => {
+                    scratch.clear();
+                    scratch.extend_from_slice(body);
+                    let v = simd_json::borrowed::to_value_with_buffers(&mut scratch, &mut buffers)
+                        .expect("valid");
+                    black_box(&v);
+                }
+                1 => {
+                    let v: sonic_rs::Value = sonic_rs::from_slice(body).expect("valid");
+                    black_box(&v);
+                }
+                2 => {
+                    black_box(
+                        parser
+                            .parse(Endpoint::ChatCompletions, body, &models, &mut h)
+                            .expect("valid"),
+                    );
+                }
+                _ => {
+                    black_box(sonic_parse(body, &models, seed, &mut h));
+                }
+            };
+            for _ in 0..10 {
+                run();
+            }
+            let before = ALLOCS.with(Cell::get);
+            for _ in 0..RUNS {
+                run();
+            }
+            *n = ALLOCS.with(Cell::get) - before;
+        }
+        println!(
+            "| {kb} KB | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            body.len(),
+            counts[0] as f64 / RUNS as f64,
+            counts[1] as f64 / RUNS as f64,
+            counts[2] as f64 / RUNS as f64,
+            counts[3] as f64 / RUNS as f64
+        );
+    }
+}

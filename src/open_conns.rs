@@ -1,0 +1,64 @@
+//! The connections a shard (or a simulated engine) has open, so that stopping it
+//! really closes them.
+//!
+//! A monoio runtime that stops does not close the sockets of tasks still parked on
+//! I/O; a peer would then wait on a silent connection. Each connection registers its
+//! fd here for its lifetime; [`OpenConnections::shutdown_all`] shuts every one down
+//! (both directions), which fails the parked reads and writes so the tasks finish.
+
+use monoio::net::TcpStream;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::rc::Rc;
+
+#[derive(Default)]
+pub struct OpenConnections {
+    fds: RefCell<HashMap<u64, RawFd>>,
+    next: Cell<u64>,
+}
+
+/// Keeps a connection registered until dropped.
+pub struct Registration {
+    registry: Rc<OpenConnections>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.fds.borrow_mut().remove(&self.id);
+    }
+}
+
+impl OpenConnections {
+    /// Registers `stream`; keep the returned value alive exactly as long as the
+    /// stream (drop it before the stream closes).
+    pub fn register(self: &Rc<Self>, stream: &TcpStream) -> Registration {
+        let id = self.next.get();
+        self.next.set(id + 1);
+        self.fds.borrow_mut().insert(id, stream.as_raw_fd());
+        Registration {
+            registry: self.clone(),
+            id,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.fds.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fds.borrow().is_empty()
+    }
+
+    /// Shuts down every registered connection in both directions.
+    pub fn shutdown_all(&self) {
+        for &fd in self.fds.borrow().values() {
+            // SAFETY: a connection unregisters (its `Registration` drops) before its
+            // stream closes the fd, so every fd in the map is open right now, and
+            // this borrow does not outlive this statement.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+        }
+    }
+}

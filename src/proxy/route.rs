@@ -1,0 +1,208 @@
+//! The routing decision for one attempt: look the prompt up in this shard's index
+//! replica, build the candidates (health, breaker, load, matches, session), ask the
+//! policy, and record the belief that the pick now holds the prompt — applied here at
+//! once and replicated through the coordinator, and rolled back if the attempt fails.
+
+use crate::error::{ErrorKind, GatewayError};
+use crate::http::request::RequestHead;
+use crate::openai::RequestFacts;
+use crate::replica::{IndexEvent, IndexOp};
+use crate::shard::Shard;
+use radixgate_orchestrator::{
+    BreakerState, Candidate, Pick, PolicyName, RouteInput, RoutingPolicy,
+};
+use std::sync::Arc;
+
+pub(super) fn policy_for(shard: &Shard, head: &RequestHead) -> Result<PolicyName, GatewayError> {
+    let routing = &shard.shared.config.routing;
+    if routing.allow_policy_header && !head.policy_override.is_empty() {
+        return head
+            .policy_override
+            .parse()
+            .map_err(|e: radixgate_orchestrator::UnknownPolicy| {
+                GatewayError::invalid_param("X-Router-Policy", e.to_string())
+            });
+    }
+    Ok(routing.policy)
+}
+
+/// A routing decision and the index belief recorded for it.
+pub(super) struct Route {
+    pub pick: Pick,
+    /// Leading prompt blocks the chosen backend held, per this shard's replica.
+    pub matched_blocks: u32,
+    /// In-flight requests on the chosen backend before this one.
+    pub in_flight_before: u32,
+    /// The pick is half-open: this attempt is one of the shard's bounded probes.
+    pub probe: bool,
+    /// Other candidates a retry could go to.
+    pub alternatives: usize,
+    /// The prompt's blocks, recorded in the index as now held by the pick.
+    pub blocks: Option<Arc<[u64]>>,
+}
+
+impl Route {
+    /// The attempt failed before the engine could cache anything: forget the blocks
+    /// the pick did not already hold, here and (via the coordinator) everywhere.
+    pub fn roll_back(&self, shard: &Shard) {
+        let Some(blocks) = &self.blocks else { return };
+        let from = self.matched_blocks as usize;
+        if from >= blocks.len() {
+            return;
+        }
+        shard
+            .index
+            .borrow_mut()
+            .remove(self.pick.backend, blocks, from);
+        publish(
+            shard,
+            IndexOp::Remove {
+                backend: self.pick.backend,
+                blocks: blocks.clone(),
+                from,
+            },
+        );
+    }
+}
+
+fn publish(shard: &Shard, op: IndexOp) {
+    shard.metrics.borrow_mut().index_events_published += 1;
+    let _ = shard.shared.index_events.send(IndexEvent {
+        origin_shard: shard.id,
+        created: std::time::Instant::now(),
+        op,
+    });
+}
+
+/// Looks the prompt up in this shard's index replica, asks the policy, and records
+/// the belief that the pick now holds the prompt (applied here at once, replicated
+/// through the coordinator).
+pub(super) fn route(
+    shard: &Shard,
+    facts: &RequestFacts,
+    policy: PolicyName,
+    session: Option<u64>,
+    excluded: &[usize],
+) -> Result<Route, GatewayError> {
+    let shared = &shard.shared;
+    let now_ms = shared.now_ms();
+    let hasher = shard.hasher.borrow();
+    let blocks = hasher.blocks();
+    let mut matches = shard.matches.borrow_mut();
+    shard.index.borrow().match_prefix(blocks, &mut matches);
+    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
+    let fleet = shard.fleet.borrow();
+    let prefill_ns = shard.prefill_ns.borrow();
+    let probes = shard.probes.borrow();
+    let probe_limit = shared.config.breaker.half_open_probes;
+    let mut candidates = shard.candidates.borrow_mut();
+    candidates.clear();
+    for &b in &shared.model_backends[facts.model] {
+        let breaker_allows = match fleet.breaker[b] {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            BreakerState::HalfOpen => probes[b] < probe_limit,
+        };
+        if fleet.healthy[b] && breaker_allows && !excluded.contains(&b) {
+            candidates.push(Candidate {
+                backend: b,
+                in_flight: shared.in_flight.total(b),
+                matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
+                engine_waiting: fleet.engine_waiting(b),
+                prefill_ns_per_token: prefill_ns[b],
+                session_home: session_home == Some(b),
+            });
+        }
+    }
+    let no_backend = || {
+        GatewayError::new(
+            ErrorKind::NoHealthyBackend,
+            format!(
+                "no healthy backend serves model `{}`",
+                shared.models.name(facts.model)
+            ),
+        )
+    };
+    if candidates.is_empty() {
+        return Err(no_backend());
+    }
+    let input = RouteInput {
+        candidates: &candidates,
+        affinity_key: facts.affinity_key,
+        prompt_blocks: blocks.len() as u32,
+    };
+    let pick = shard
+        .policies
+        .borrow_mut()
+        .get(policy, &shared.policy_config)
+        .pick(&input, &mut shard.rng.borrow_mut())
+        .ok_or_else(no_backend)?;
+    let chosen = candidates
+        .iter()
+        .find(|c| c.backend == pick.backend)
+        .copied()
+        .unwrap_or_default();
+    let recorded = (!blocks.is_empty()).then(|| {
+        shard
+            .index
+            .borrow_mut()
+            .insert(pick.backend, blocks, now_ms);
+        let blocks: Arc<[u64]> = blocks.into();
+        publish(
+            shard,
+            IndexOp::Insert {
+                backend: pick.backend,
+                blocks: blocks.clone(),
+                now_ms,
+            },
+        );
+        blocks
+    });
+    if let Some(session) = session {
+        shard
+            .sessions
+            .borrow_mut()
+            .bind(session, pick.backend, now_ms);
+        publish(
+            shard,
+            IndexOp::BindSession {
+                session,
+                backend: pick.backend,
+                now_ms,
+            },
+        );
+    }
+    Ok(Route {
+        pick,
+        matched_blocks: chosen.matched_blocks,
+        in_flight_before: chosen.in_flight,
+        probe: fleet.breaker[pick.backend] == BreakerState::HalfOpen,
+        alternatives: candidates.len() - 1,
+        blocks: recorded,
+    })
+}
+
+/// Holds one of the shard's half-open probe slots for a backend while an attempt runs.
+pub(super) struct ProbeGuard<'s> {
+    shard: &'s Shard,
+    backend: usize,
+}
+
+impl<'s> ProbeGuard<'s> {
+    pub fn enter(shard: &'s Shard, route: &Route) -> Option<Self> {
+        route.probe.then(|| {
+            shard.probes.borrow_mut()[route.pick.backend] += 1;
+            ProbeGuard {
+                shard,
+                backend: route.pick.backend,
+            }
+        })
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        let mut probes = self.shard.probes.borrow_mut();
+        probes[self.backend] = probes[self.backend].saturating_sub(1);
+    }
+}
