@@ -31,7 +31,20 @@ struct ConfigFile {
     #[serde(default)]
     breaker: BreakerWire,
     #[serde(default)]
+    admin: AdminWire,
+    #[serde(default)]
     backends: Vec<BackendWire>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct AdminWire {
+    /// Address of the admin API (keep it on loopback); unset = no admin API.
+    listen: Option<String>,
+    /// File holding the admin bearer token (first line).
+    token_file: Option<String>,
+    /// Environment variable holding the admin bearer token (used when no file).
+    token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -336,7 +349,24 @@ pub struct Config {
     pub health: HealthConfig,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
+    pub admin: Option<AdminConfig>,
     pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// The bearer token; never logged (Debug prints it redacted).
+    pub token: String,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &"<redacted>")
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -629,6 +659,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         open: millis(bw.open_ms, "breaker.open_ms", errors),
         half_open_probes: bw.half_open_probes,
     };
+    let admin = validate_admin(wire.admin, errors);
     Config {
         server,
         routing,
@@ -636,8 +667,41 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         health,
         retry,
         breaker,
+        admin,
         backends,
     }
+}
+
+#[allow(clippy::disallowed_methods)] // read once at start-up or reload, off the shards
+fn validate_admin(a: AdminWire, errors: &mut Vec<String>) -> Option<AdminConfig> {
+    let listen = a.listen?;
+    let addr = listen.parse().map_err(|_| {
+        errors.push(format!(
+            "admin.listen: `{listen}` is not an IP:port socket address"
+        ));
+    });
+    let token = match (&a.token_file, &a.token_env) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map(|t| t.lines().next().unwrap_or("").trim().to_string())
+            .map_err(|e| errors.push(format!("admin.token_file: {path}: {e}"))),
+        (None, Some(var)) => std::env::var(var)
+            .map(|t| t.trim().to_string())
+            .map_err(|_| errors.push(format!("admin.token_env: `{var}` is not set"))),
+        (None, None) => {
+            errors
+                .push("admin: set token_file or token_env (the admin API requires a token)".into());
+            Err(())
+        }
+    };
+    if let Ok(t) = &token {
+        if t.len() < 16 {
+            errors.push("admin: the token must be at least 16 characters".into());
+        }
+    }
+    Some(AdminConfig {
+        listen: addr.ok()?,
+        token: token.ok()?,
+    })
 }
 
 /// Parses `http://HOST:PORT[/]` where HOST is an IP literal or `localhost`. Names are

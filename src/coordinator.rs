@@ -6,6 +6,7 @@
 //! health checks themselves run on their own thread ([`run_health_checks`]) so a
 //! slow backend never delays replication.
 
+use crate::admin::AdminRequest;
 use crate::config::{BackendConfig, HealthConfig};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
@@ -13,6 +14,7 @@ use crate::replica::{IndexEvent, IndexOp, SessionTable};
 use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
 use radixgate_orchestrator::{Breaker, BreakerConfig, IndexConfig, PrefixIndex};
+use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
@@ -41,6 +43,7 @@ pub struct Coordinator {
     passes: Vec<u32>,
     failures: Vec<u32>,
     version: u64,
+    draining: Vec<bool>,
     engine: Vec<Option<EngineLoad>>,
     capacity: Vec<usize>,
     index: PrefixIndex,
@@ -74,6 +77,7 @@ impl Coordinator {
             passes: vec![0; n],
             failures: vec![0; n],
             version: 0,
+            draining: vec![false; n],
             engine: vec![None; n],
             index,
             sessions,
@@ -87,6 +91,7 @@ impl Coordinator {
         events: Receiver<IndexEvent>,
         health: Receiver<HealthReport>,
         outcomes: Receiver<Outcome>,
+        admin: Receiver<AdminRequest>,
     ) {
         loop {
             let now = self.shared.now_ms();
@@ -99,6 +104,11 @@ impl Coordinator {
                     Duration::from_millis(t.saturating_sub(now))
                 });
             select! {
+                recv(admin) -> request => {
+                    if let Ok(request) = request {
+                        self.on_admin(request);
+                    }
+                }
                 recv(outcomes) -> o => {
                     if let Ok(o) = o {
                         let now = self.shared.now_ms();
@@ -176,6 +186,77 @@ impl Coordinator {
         }
     }
 
+    fn on_admin(&mut self, request: AdminRequest) {
+        match request {
+            AdminRequest::Backends(reply) => {
+                let all = (0..self.draining.len())
+                    .map(|b| self.backend_json(b))
+                    .collect();
+                let _ = reply.send(serde_json::Value::Array(all));
+            }
+            AdminRequest::Index(reply) => {
+                let shared = &self.shared;
+                let per_backend: serde_json::Map<String, serde_json::Value> = shared
+                    .config
+                    .backends
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| (b.id.clone(), json!(self.index.held_blocks(i))))
+                    .collect();
+                let sent: Vec<u64> = (0..shared.shard_commands.len())
+                    .map(|k| shared.replica_sent.get(k))
+                    .collect();
+                let _ = reply.send(json!({
+                    "blocks": self.index.total_blocks(),
+                    "nodes": self.index.node_count(),
+                    "max_blocks": shared.config.routing.index_max_blocks,
+                    "blocks_per_backend": per_backend,
+                    "events_received": shared.coordinator_received.load(Ordering::Relaxed),
+                    "events_sent_per_shard": sent,
+                    "replica_lag": "see radixgate_replica_lag_events and radixgate_replica_lag_seconds on /metrics",
+                }));
+            }
+            AdminRequest::Drain { id, on, reply } => {
+                let found = self.shared.config.backends.iter().position(|b| b.id == id);
+                let result = match found {
+                    Some(b) => {
+                        if self.draining[b] != on {
+                            self.draining[b] = on;
+                            tracing::info!(backend = %id, draining = on, "admin: drain state changed");
+                            self.publish_fleet();
+                        }
+                        Ok(self.backend_json(b))
+                    }
+                    None => Err(format!("no backend with id `{id}`")),
+                };
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    fn backend_json(&self, b: usize) -> serde_json::Value {
+        let cfg = &self.shared.config.backends[b];
+        let in_flight = self.shared.in_flight.total(b);
+        json!({
+            "id": cfg.id,
+            "url": format!("http://{}", cfg.host),
+            "models": cfg.models,
+            "healthy": self.healthy[b],
+            "breaker": self.breakers[b].state().as_str(),
+            "in_flight": in_flight,
+            "engine": self.engine[b].map(|e| json!({
+                "waiting": e.waiting,
+                "running": e.running,
+                "kv_usage": e.kv_usage,
+                "cache_tokens": e.cache_tokens,
+            })),
+            "blocks_held": self.index.held_blocks(b),
+            "capacity_blocks": self.capacity[b],
+            "draining": self.draining[b],
+            "drained": self.draining[b] && in_flight == 0,
+        })
+    }
+
     fn log_breaker(&self, backend: usize) {
         let state = self.breakers[backend].state();
         let id = &self.shared.config.backends[backend].id;
@@ -190,6 +271,7 @@ impl Coordinator {
             healthy: self.healthy.clone().into_boxed_slice(),
             engine: self.engine.clone().into_boxed_slice(),
             breaker: self.breakers.iter().map(Breaker::state).collect(),
+            draining: self.draining.clone().into_boxed_slice(),
         });
         for s in &self.shared.shard_commands {
             let _ = s.send(ShardCommand::Fleet(snapshot.clone()));

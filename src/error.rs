@@ -26,6 +26,10 @@ pub enum ErrorKind {
     UpstreamTimeout,
     /// The upstream answered with something that is not HTTP, or broke off.
     UpstreamProtocol,
+    /// Missing or wrong credentials.
+    Unauthorized,
+    /// An endpoint radixgate does not offer yet.
+    NotImplemented,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,8 @@ impl GatewayError {
             ErrorKind::NoHealthyBackend => 503,
             ErrorKind::UpstreamRefused | ErrorKind::UpstreamProtocol => 502,
             ErrorKind::UpstreamTimeout => 504,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::NotImplemented => 501,
         }
     }
 
@@ -81,11 +87,12 @@ impl GatewayError {
             | ErrorKind::HeadTooLarge
             | ErrorKind::BadHttp
             | ErrorKind::PathNotFound
-            | ErrorKind::MethodNotAllowed => Fault::Client,
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::Unauthorized => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
-            ErrorKind::NoHealthyBackend => Fault::Gateway,
+            ErrorKind::NoHealthyBackend | ErrorKind::NotImplemented => Fault::Gateway,
         }
     }
 
@@ -121,6 +128,8 @@ impl GatewayError {
             ErrorKind::UpstreamRefused => "upstream_unavailable",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "upstream_error",
+            ErrorKind::Unauthorized => "invalid_api_key",
+            ErrorKind::NotImplemented => "not_implemented",
         }
     }
 
@@ -155,6 +164,9 @@ impl GatewayError {
             reason_phrase(status),
             body.len()
         );
+        if self.kind == ErrorKind::Unauthorized {
+            out.extend_from_slice(b"WWW-Authenticate: Bearer\r\n");
+        }
         if self.kind == ErrorKind::MethodNotAllowed && !contains_header(extra_headers, b"allow:") {
             out.extend_from_slice(b"Allow: GET, POST\r\n");
         }
@@ -188,6 +200,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
+        501 => "Not Implemented",
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",

@@ -19,6 +19,8 @@ pub struct FleetSnapshot {
     /// Each engine's own load as last scraped; `None` when unknown or stale.
     pub engine: Box<[Option<EngineLoad>]>,
     pub breaker: Box<[BreakerState]>,
+    /// Draining backends get no new requests (admin API).
+    pub draining: Box<[bool]>,
 }
 
 impl FleetSnapshot {
@@ -28,6 +30,7 @@ impl FleetSnapshot {
             healthy: vec![true; backends].into_boxed_slice(),
             engine: vec![None; backends].into_boxed_slice(),
             breaker: vec![BreakerState::Closed; backends].into_boxed_slice(),
+            draining: vec![false; backends].into_boxed_slice(),
         }
     }
 

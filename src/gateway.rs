@@ -22,6 +22,7 @@ pub struct Gateway {
     shard_stops: Vec<flume::Sender<()>>,
     /// Dropping the sender stops the coordinator and health threads.
     control: Option<(crossbeam_channel::Sender<()>, Vec<JoinHandle<()>>)>,
+    admin_addr: Option<SocketAddr>,
 }
 
 impl Gateway {
@@ -40,6 +41,16 @@ impl Gateway {
         let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
+        let (admin_tx, admin_rx) = crossbeam_channel::unbounded();
+        // Bind the admin listener up front too, so its errors surface here.
+        let admin_listener = match &config.admin {
+            Some(a) => Some((std::net::TcpListener::bind(a.listen)?, a.token.clone())),
+            None => None,
+        };
+        let admin_addr = admin_listener
+            .as_ref()
+            .map(|(l, _)| l.local_addr())
+            .transpose()?;
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;
@@ -109,8 +120,17 @@ impl Gateway {
                 if let Some(core) = coordinator_core_id {
                     core_affinity::set_for_current(core);
                 }
-                coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx)
+                coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx, admin_rx)
             })?;
+        let mut control_threads = vec![coord_handle];
+        if let Some((listener, token)) = admin_listener {
+            let admin_stop = stop_rx.clone();
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-admin".into())
+                    .spawn(move || crate::admin::serve(listener, token, admin_tx, admin_stop))?,
+            );
+        }
         let backends = shared.config.backends.clone();
         let health = shared.config.health.clone();
         let health_handle = std::thread::Builder::new()
@@ -127,12 +147,21 @@ impl Gateway {
             driver,
             shard_threads,
             shard_stops,
-            control: Some((stop_tx, vec![coord_handle, health_handle])),
+            control: Some((stop_tx, {
+                control_threads.push(health_handle);
+                control_threads
+            })),
+            admin_addr,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the admin API listens, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     pub fn driver(&self) -> Driver {

@@ -103,7 +103,7 @@ pub(super) fn route(
             BreakerState::Open => false,
             BreakerState::HalfOpen => probes[b] < probe_limit,
         };
-        if fleet.healthy[b] && breaker_allows && !excluded.contains(&b) {
+        if fleet.healthy[b] && breaker_allows && !fleet.draining[b] && !excluded.contains(&b) {
             candidates.push(Candidate {
                 backend: b,
                 in_flight: shared.in_flight.total(b),
