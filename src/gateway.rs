@@ -41,7 +41,7 @@ impl Gateway {
         let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
-        let (admin_tx, admin_rx) = crossbeam_channel::unbounded();
+        let (admin_tx, mut admin_rx) = crossbeam_channel::unbounded();
         // Bind the admin listener up front too, so its errors surface here.
         let admin_listener = match &config.admin {
             Some(a) => Some((std::net::TcpListener::bind(a.listen)?, a.token.clone())),
@@ -51,6 +51,11 @@ impl Gateway {
             .as_ref()
             .map(|(l, _)| l.local_addr())
             .transpose()?;
+        if admin_listener.is_none() {
+            // No admin thread will hold the sender: a disconnected channel would make
+            // the coordinator's select spin, so give it one that never fires.
+            admin_rx = crossbeam_channel::never();
+        }
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;

@@ -13,6 +13,15 @@
 //! for the pick. The request then runs on a simulated [`engine::Engine`], whose cache
 //! is the truth every hit rate here is measured on.
 //!
+//! What the router sees, as in the gateway: `in_flight` (or, as an experiment, only
+//! the requests still waiting for their first token, [`LoadSignal`]); `engine_waiting`
+//! from a scrape of each engine's prefill queue every `scrape_ns` (the gateway scrapes
+//! `vllm:num_requests_waiting` every second by default), stale in between;
+//! `prefill_ns_per_token` 0, so the policy uses its configured default (the gateway
+//! learns it; the sim's engines charge exactly the default); and, for sessions that
+//! carry an id, the backend the session's last turn went to (the gateway's session
+//! table, without its expiry).
+//!
 //! Time is integer nanoseconds of simulated time; the index is given milliseconds, as
 //! the gateway gives it. Events at equal times run in the order they were scheduled.
 
@@ -78,7 +87,7 @@ impl Default for SimConfig {
             prefill_ns_per_token: 20_000,
             prefill_slots: 1,
             decode_ns: 16 * 2_000_000,
-            think_ns: 0,
+            think_ns: 200_000_000,
             session_ids: true,
             load_signal: LoadSignal::InFlight,
             scrape_ns: 1_000_000_000,
@@ -185,6 +194,7 @@ pub fn run(
     };
     let mut outstanding = 0usize;
     let mut now = 0u64;
+    let mut last_completion = 0u64;
     let mut scraped_waiting = vec![0u32; cfg.backends];
     if cfg.scrape_ns > 0 {
         schedule(&mut events, cfg.scrape_ns, Event::Scrape);
@@ -308,6 +318,7 @@ pub fn run(
             }
             Event::Complete { request } => {
                 let r = &issued[request];
+                last_completion = now;
                 in_flight[r.backend] -= 1;
                 outstanding -= 1;
                 let (session, turn) = (r.session, r.turn + 1);
@@ -333,7 +344,7 @@ pub fn run(
         }
     }
     debug_assert!(in_flight.iter().all(|&n| n == 0));
-    result.finish(now);
+    result.finish(last_completion);
     result
 }
 

@@ -119,3 +119,40 @@ fn cost_model_by_hand() {
     assert_eq!(r.makespan_ns, second + 32_000_000);
     assert_eq!(r.queue_ns_total, first);
 }
+
+#[test]
+fn every_knob_keeps_the_books_balanced() {
+    let variants = [
+        SimConfig {
+            prefill_slots: 0,
+            ..small_cfg()
+        },
+        SimConfig {
+            load_signal: LoadSignal::AwaitingFirstToken,
+            scrape_ns: 0,
+            ..small_cfg()
+        },
+        SimConfig {
+            scrape_ns: 5_000_000,
+            think_ns: 0,
+            session_ids: false,
+            ..small_cfg()
+        },
+    ];
+    let spec = WorkloadSpec::Multiturn(MultiturnConfig {
+        sessions: 6,
+        turns: 3,
+        ..MultiturnConfig::default()
+    });
+    for cfg in &variants {
+        for spec in [&spec, &small_docs(Distribution::Uniform)] {
+            for (p, r) in run_policies(cfg, spec, &PolicyName::ALL) {
+                let n = r.requests;
+                assert!(n == 18 || n == 300, "{p}");
+                assert_eq!(r.ttft_ns.len() as u64, n, "{p}");
+                assert_eq!(r.per_backend.iter().sum::<u64>(), n, "{p}");
+                assert!(r.cached_blocks <= r.ceiling_blocks, "{p}");
+            }
+        }
+    }
+}
