@@ -33,7 +33,30 @@ struct ConfigFile {
     #[serde(default)]
     admin: AdminWire,
     #[serde(default)]
+    log: LogWire,
+    #[serde(default)]
     backends: Vec<BackendWire>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LogWire {
+    /// "text" (readable) or "json" (one object per line).
+    format: String,
+    /// Default level filter (`RUST_LOG` overrides it), e.g. "info" or "radixgate=debug".
+    level: String,
+    /// One line per request (target `radixgate::access`), written off the shards.
+    access: bool,
+}
+
+impl Default for LogWire {
+    fn default() -> Self {
+        Self {
+            format: "text".into(),
+            level: "info".into(),
+            access: true,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -350,7 +373,15 @@ pub struct Config {
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     pub admin: Option<AdminConfig>,
+    pub log: LogConfig,
     pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub json: bool,
+    pub level: String,
+    pub access: bool,
 }
 
 #[derive(Clone)]
@@ -660,6 +691,21 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         half_open_probes: bw.half_open_probes,
     };
     let admin = validate_admin(wire.admin, errors);
+    let json = match wire.log.format.as_str() {
+        "text" => false,
+        "json" => true,
+        other => {
+            errors.push(format!(
+                "log.format: unknown format `{other}`; expected text or json"
+            ));
+            false
+        }
+    };
+    let log = LogConfig {
+        json,
+        level: wire.log.level,
+        access: wire.log.access,
+    };
     Config {
         server,
         routing,
@@ -668,6 +714,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         retry,
         breaker,
         admin,
+        log,
         backends,
     }
 }

@@ -42,6 +42,13 @@ impl Gateway {
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
         let (admin_tx, mut admin_rx) = crossbeam_channel::unbounded();
+        let (access_tx, access_rx) = match config.log.access {
+            true => {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         // Bind the admin listener up front too, so its errors surface here.
         let admin_listener = match &config.admin {
             Some(a) => Some((std::net::TcpListener::bind(a.listen)?, a.token.clone())),
@@ -59,7 +66,13 @@ impl Gateway {
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;
-        let shared = Arc::new(Shared::new(config, cmd_txs, events_tx, outcomes_tx));
+        let shared = Arc::new(Shared::new(
+            config,
+            cmd_txs,
+            events_tx,
+            outcomes_tx,
+            access_tx,
+        ));
         let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
 
         let mut shard_threads = Vec::with_capacity(shards);
@@ -128,6 +141,14 @@ impl Gateway {
                 coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx, admin_rx)
             })?;
         let mut control_threads = vec![coord_handle];
+        if let Some(records) = access_rx {
+            let models = shared.models.names().to_vec();
+            let backends = shared.backend_ids.clone();
+            // Ends on its own once the shards and coordinator drop their senders.
+            std::thread::Builder::new()
+                .name("radixgate-log".into())
+                .spawn(move || crate::access_log::run(records, models, backends))?;
+        }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();
             control_threads.push(

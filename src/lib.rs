@@ -9,6 +9,7 @@
 
 #![deny(clippy::await_holding_refcell_ref)]
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod coordinator;

@@ -92,14 +92,23 @@ struct EngineArgs {
     io: String,
 }
 
-fn init_logging() {
+/// Logs go to stderr; `RUST_LOG` overrides the configured level.
+fn init_logging(level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init();
+    } else {
+        builder.init();
+    }
 }
 
 /// Blocks until SIGINT or SIGTERM.
@@ -135,7 +144,6 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => {
-            init_logging();
             let config = match Config::load(&config) {
                 Ok(c) => c,
                 Err(errors) => {
@@ -145,6 +153,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            init_logging(&config.log.level, config.log.json);
             let gateway = match radixgate::Gateway::start(config) {
                 Ok(g) => g,
                 Err(e) => {
@@ -157,7 +166,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Demo { listen, policy } => {
-            init_logging();
+            init_logging("info", false);
             let demo = match radixgate::demo::start(listen, &policy) {
                 Ok(d) => d,
                 Err(e) => {
@@ -177,7 +186,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EngineSim(a) => {
-            init_logging();
+            init_logging("info", false);
             let io = match a.io.as_str() {
                 "auto" => IoMode::Auto,
                 "io_uring" => IoMode::IoUring,

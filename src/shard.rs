@@ -37,6 +37,8 @@ pub struct Shared {
     pub policy_config: PolicyConfig,
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
+    /// Shard → log thread, one record per request (`None` when access logs are off).
+    pub access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
     /// Shard → coordinator request outcomes, for the circuit breakers.
     pub outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
     pub replica_sent: ReplicaSent,
@@ -54,6 +56,7 @@ impl Shared {
         shard_commands: Vec<flume::Sender<ShardCommand>>,
         index_events: crossbeam_channel::Sender<IndexEvent>,
         outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
+        access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
     ) -> Shared {
         let models = ModelTable::new(config.models());
         let model_backends = models
@@ -79,6 +82,7 @@ impl Shared {
         Shared {
             index_events,
             outcomes,
+            access_log,
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
@@ -197,6 +201,13 @@ impl Shard {
             draining: Cell::new(false),
             shared,
         })
+    }
+
+    /// Hands a request's record to the log thread (never blocks, never writes here).
+    pub fn log_access(&self, record: crate::access_log::AccessRecord) {
+        if let Some(log) = &self.shared.access_log {
+            let _ = log.send(record);
+        }
     }
 
     /// Tells the coordinator's breaker how a request to `backend` ended. Failures are

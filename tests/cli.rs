@@ -85,3 +85,74 @@ fn demo_serves_a_chat_completion() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["object"], "chat.completion");
 }
+
+#[test]
+fn serve_writes_one_json_line_per_request_without_prompts() {
+    let up = common::ScriptedUpstream::start(common::Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 95\r\n\r\n{\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":3}}}"
+            .to_vec(),
+    ]));
+    let dir = std::env::temp_dir().join(format!("radixgate-cli-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gw.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\n[log]\nformat = \"json\"\n[[backends]]\nid = \"b0\"\nurl = \"{}\"\nmodels = [\"sim\"]\n",
+            up.url()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut next_json = || -> serde_json::Value {
+        let line = lines.next().expect("a log line").unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    };
+    let started = next_json();
+    let addr: std::net::SocketAddr = started["addr"]
+        .as_str()
+        .expect("listening line has addr")
+        .parse()
+        .unwrap();
+    let secret = "my secret prompt text";
+    let r = common::Client::connect(addr).post(
+        "/v1/chat/completions",
+        &common::chat_body(secret, false),
+        &[
+            ("X-Request-Id", "log-test-1"),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let access = loop {
+        let v = next_json();
+        if v["request_id"] == "log-test-1" {
+            break v;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(access["backend"], "b0");
+    assert_eq!(access["model"], "sim");
+    assert_eq!(access["status"], 200);
+    assert_eq!(access["cached_tokens"], 3);
+    assert_eq!(access["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(access["policy"], "prefix_aware");
+    assert!(access["total_ms"].as_f64().is_some() && access["ttft_ms"].as_f64().is_some());
+    assert!(
+        !access.to_string().contains(secret),
+        "a prompt leaked into the log: {access}"
+    );
+}

@@ -30,6 +30,8 @@ pub struct RequestHead {
     pub policy_override: String,
     /// `X-Session-ID`: keeps a conversation on its backend (still forwarded).
     pub session_id: String,
+    /// Trace id of a valid W3C `traceparent` (0 when absent); still forwarded.
+    pub trace_id: u128,
     /// `Name: value\r\n` lines to send upstream unchanged.
     pub forward_headers: Vec<u8>,
 }
@@ -99,6 +101,7 @@ pub fn parse_request_head(
     head.request_id.clear();
     head.policy_override.clear();
     head.session_id.clear();
+    head.trace_id = 0;
     head.forward_headers.clear();
 
     let mut content_length: Option<u64> = None;
@@ -144,6 +147,8 @@ pub fn parse_request_head(
             if !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()) {
                 head.request_id.push_str(&v);
             }
+        } else if name.eq_ignore_ascii_case("traceparent") {
+            head.trace_id = parse_traceparent(h.value).unwrap_or(0);
         } else if name.eq_ignore_ascii_case("x-session-id") {
             head.session_id
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
@@ -181,6 +186,18 @@ pub fn parse_request_head(
         head.forward_headers.extend_from_slice(b"\r\n");
     }
     Ok(Some(len))
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`).
+fn parse_traceparent(value: &[u8]) -> Option<u128> {
+    let v = std::str::from_utf8(value.trim_ascii()).ok()?;
+    let mut parts = v.split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if version.len() != 2 || trace.len() != 32 || parent.len() != 16 || flags.len() != 2 {
+        return None;
+    }
+    u128::from_str_radix(trace, 16).ok().filter(|t| *t != 0)
 }
 
 #[cfg(test)]
@@ -228,6 +245,16 @@ mod tests {
         assert!(!head.keep_alive);
         assert!(head.expect_continue);
         assert_eq!(head.framing(), BodyFraming::Chunked);
+    }
+
+    #[test]
+    fn traceparent() {
+        assert_eq!(
+            parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some(0x4bf92f3577b34da6a3ce929d0e0e4736)
+        );
+        assert_eq!(parse_traceparent(b"00-0000-00f067aa0ba902b7-01"), None);
+        assert_eq!(parse_traceparent(b"garbage"), None);
     }
 
     #[test]

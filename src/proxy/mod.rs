@@ -11,17 +11,19 @@
 mod exchange;
 mod route;
 
+use crate::access_log::{AccessRecord, InlineId};
 use crate::error::GatewayError;
 use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
 use crate::observe::UsageScanner;
-use crate::openai::Endpoint;
+use crate::openai::{Endpoint, RequestFacts};
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use exchange::{router_headers, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
+use radixgate_orchestrator::PolicyName;
 use route::{policy_for, route, ProbeGuard};
 use std::fmt::Write as _;
 use std::rc::Rc;
@@ -111,6 +113,9 @@ pub async fn forward(
             .await;
         match result {
             Ok(keep_open) => {
+                log(
+                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
+                );
                 let failed = exchange.status >= 500;
                 if failed && retry_possible && !may_retry {
                     shard.metrics.borrow_mut().retry_budget_exhausted += 1;
@@ -134,6 +139,9 @@ pub async fn forward(
                 if retry_possible {
                     shard.metrics.borrow_mut().retry_budget_exhausted += 1;
                 }
+                log(
+                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
+                );
                 return answer_error(shard, client, &e, &route, head.keep_alive, request_id).await;
             }
             Err(Failure::AfterResponse {
@@ -144,10 +152,49 @@ pub async fn forward(
                     shard.report_outcome(backend, false);
                 }
                 exchange.record(&facts, &route);
+                log(
+                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
+                );
                 return Ok(keep_open);
             }
         }
     }
+}
+
+/// Sends the request's access record to the log thread.
+#[allow(clippy::too_many_arguments)]
+fn log(
+    shard: &Shard,
+    head: &RequestHead,
+    request_id: &str,
+    facts: &RequestFacts,
+    policy: PolicyName,
+    route: &route::Route,
+    exchange: &Exchange<'_>,
+    attempt: usize,
+) {
+    if shard.shared.access_log.is_none() {
+        return;
+    }
+    let usage = exchange.usage.usage;
+    shard.log_access(AccessRecord {
+        shard: shard.id,
+        request_id: InlineId::new(request_id),
+        trace_id: head.trace_id,
+        model: Some(facts.model),
+        policy: policy.as_str(),
+        backend: Some(route.pick.backend),
+        reason: route.pick.reason.as_str(),
+        matched_blocks: route.matched_blocks,
+        cached_tokens: usage.cached_tokens,
+        prompt_tokens: usage.prompt_tokens,
+        status: exchange.status,
+        ttft_us: exchange
+            .first_byte
+            .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
+        total_us: exchange.started.elapsed().as_micros() as u64,
+        retries: attempt as u32 - 1,
+    });
 }
 
 /// Answers a failed attempt's error, with the router headers of that attempt.

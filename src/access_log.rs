@@ -1,0 +1,85 @@
+//! One structured line per request, written off the shards.
+//!
+//! A shard fills a fixed-size [`AccessRecord`] (no heap allocation, no prompt or
+//! completion text, no credentials) and sends it over a lock-free crossbeam channel;
+//! the `radixgate-log` thread resolves names and emits it through `tracing` (JSON
+//! or text per `log.format`), so the request path never takes the stdout lock or
+//! makes a write syscall for logging.
+
+use crossbeam_channel::Receiver;
+
+const ID_CAP: usize = 128;
+
+/// A request id stored inline (ids are printable ASCII, at most 128 bytes).
+#[derive(Clone, Copy)]
+pub struct InlineId {
+    len: u8,
+    bytes: [u8; ID_CAP],
+}
+
+impl InlineId {
+    pub fn new(id: &str) -> Self {
+        let len = id.len().min(ID_CAP);
+        let mut bytes = [0u8; ID_CAP];
+        bytes[..len].copy_from_slice(&id.as_bytes()[..len]);
+        Self {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct AccessRecord {
+    pub shard: usize,
+    pub request_id: InlineId,
+    /// W3C trace id when the client sent a `traceparent` (else zero).
+    pub trace_id: u128,
+    pub model: Option<usize>,
+    pub policy: &'static str,
+    pub backend: Option<usize>,
+    pub reason: &'static str,
+    pub matched_blocks: u32,
+    pub cached_tokens: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub status: u16,
+    pub ttft_us: Option<u64>,
+    pub total_us: u64,
+    pub retries: u32,
+}
+
+/// Runs the log thread until every sender is gone. `models` and `backends` are
+/// the names behind the records' indices.
+pub fn run(records: Receiver<AccessRecord>, models: Vec<String>, backends: Vec<String>) {
+    for r in records {
+        let model = r.model.map_or("", |m| models[m].as_str());
+        let backend = r.backend.map_or("", |b| backends[b].as_str());
+        let trace_id = if r.trace_id == 0 {
+            String::new()
+        } else {
+            format!("{:032x}", r.trace_id)
+        };
+        tracing::info!(
+            target: "radixgate::access",
+            request_id = r.request_id.as_str(),
+            trace_id = %trace_id,
+            shard = r.shard,
+            model,
+            policy = r.policy,
+            backend,
+            reason = r.reason,
+            matched_blocks = r.matched_blocks,
+            cached_tokens = r.cached_tokens,
+            prompt_tokens = r.prompt_tokens,
+            status = r.status,
+            ttft_ms = r.ttft_us.map(|us| us as f64 / 1000.0),
+            total_ms = r.total_us as f64 / 1000.0,
+            retries = r.retries,
+            "request"
+        );
+    }
+}
