@@ -215,7 +215,7 @@ fn main() {
     let mut buffers = simd_json::Buffers::new(16 << 10);
     for (_, body) in &bodies {
         parser
-            .parse(Endpoint::ChatCompletions, body, &models, &mut h)
+            .parse(Endpoint::ChatCompletions, body, &models, &mut h, 0)
             .expect("valid body");
         let expected = h.blocks().to_vec();
         sonic_parse(body, &models, seed, &mut h).expect("valid body");
@@ -244,7 +244,13 @@ fn main() {
         group.bench_function(BenchmarkId::new("simd-json/body-parser", &id), |b| {
             b.iter(|| {
                 parser
-                    .parse(Endpoint::ChatCompletions, black_box(body), &models, &mut h)
+                    .parse(
+                        Endpoint::ChatCompletions,
+                        black_box(body),
+                        &models,
+                        &mut h,
+                        0,
+                    )
                     .expect("valid")
             })
         });
@@ -278,7 +284,7 @@ fn main() {
                 2 => {
                     black_box(
                         parser
-                            .parse(Endpoint::ChatCompletions, body, &models, &mut h)
+                            .parse(Endpoint::ChatCompletions, body, &models, &mut h, 0)
                             .expect("valid"),
                     );
                 }

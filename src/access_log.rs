@@ -39,6 +39,7 @@ pub struct AccessRecord {
     pub request_id: InlineId,
     /// W3C trace id when the client sent a `traceparent` (else zero).
     pub trace_id: u128,
+    pub tenant: Option<usize>,
     pub model: Option<usize>,
     pub policy: &'static str,
     pub backend: Option<usize>,
@@ -54,8 +55,14 @@ pub struct AccessRecord {
 
 /// Runs the log thread until every sender is gone. `models` and `backends` are
 /// the names behind the records' indices.
-pub fn run(records: Receiver<AccessRecord>, models: Vec<String>, backends: Vec<String>) {
+pub fn run(
+    records: Receiver<AccessRecord>,
+    models: Vec<String>,
+    backends: Vec<String>,
+    tenants: Vec<String>,
+) {
     for r in records {
+        let tenant = r.tenant.map_or("", |t| tenants[t].as_str());
         let model = r.model.map_or("", |m| models[m].as_str());
         let backend = r.backend.map_or("", |b| backends[b].as_str());
         let trace_id = if r.trace_id == 0 {
@@ -68,6 +75,7 @@ pub fn run(records: Receiver<AccessRecord>, models: Vec<String>, backends: Vec<S
             request_id = r.request_id.as_str(),
             trace_id = %trace_id,
             shard = r.shard,
+            tenant,
             model,
             policy = r.policy,
             backend,

@@ -35,7 +35,61 @@ struct ConfigFile {
     #[serde(default)]
     log: LogWire,
     #[serde(default)]
+    auth: AuthWire,
+    #[serde(default)]
+    tenancy: TenancyWire,
+    #[serde(default)]
+    tenants: Vec<TenantWire>,
+    #[serde(default)]
     backends: Vec<BackendWire>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct AuthWire {
+    /// Refuse model requests without a valid API key (401). When false, requests
+    /// without a key are served as the anonymous tenant (no limits); a key that is
+    /// given must still be valid.
+    required: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct TenancyWire {
+    /// "global": tenants share cached prefixes. "tenant": each tenant's prompts hash
+    /// into their own chains and carry vLLM's `cache_salt`, so no tenant can hit (or
+    /// time) another's cache.
+    prefix_isolation: String,
+}
+
+impl Default for TenancyWire {
+    fn default() -> Self {
+        Self {
+            prefix_isolation: "global".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantWire {
+    /// Tenant name (logs, metrics).
+    name: String,
+    /// Tier label (e.g. "gold", "free").
+    #[serde(default = "default_tier")]
+    tier: String,
+    /// SHA-256 hex digests of the tenant's API keys (`radixgate hash-key KEY`).
+    keys: Vec<String>,
+    /// Requests per second across all shards; unset = unlimited.
+    requests_per_sec: Option<f64>,
+    /// Tokens per second (prompt estimate + max_tokens, reconciled with usage).
+    tokens_per_sec: Option<f64>,
+    /// Requests in flight at once across all shards.
+    max_concurrency: Option<u32>,
+}
+
+fn default_tier() -> String {
+    "standard".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,6 +344,10 @@ struct BackendWire {
     url: String,
     /// Model names this backend serves.
     models: Vec<String>,
+    /// Environment variable holding this backend's own API key, sent upstream as
+    /// `Authorization: Bearer` (the client's key never is).
+    #[serde(default)]
+    api_key_env: Option<String>,
     /// The engine's KV-cache capacity in prompt blocks (`routing.block_bytes` each):
     /// the prefix index forgets this backend's least recently used blocks beyond it.
     #[serde(default = "default_cache_blocks")]
@@ -362,6 +420,8 @@ pub struct BackendConfig {
     pub host: String,
     pub models: Vec<String>,
     pub cache_blocks: usize,
+    /// `Authorization: Bearer ...` header line for upstream requests, if any.
+    pub upstream_auth: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -374,7 +434,20 @@ pub struct Config {
     pub breaker: BreakerConfig,
     pub admin: Option<AdminConfig>,
     pub log: LogConfig,
+    pub auth_required: bool,
+    pub tenant_prefix_isolation: bool,
+    pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    pub name: String,
+    pub tier: String,
+    pub key_digests: Vec<[u8; 32]>,
+    pub requests_per_sec: Option<f64>,
+    pub tokens_per_sec: Option<f64>,
+    pub max_concurrency: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -660,6 +733,13 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             host,
             models: b.models,
             cache_blocks: b.cache_blocks,
+            upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
+                Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
+                Err(_) => {
+                    errors.push(format!("backends[{i}].api_key_env: `{var}` is not set"));
+                    None
+                }
+            }),
         });
     }
     let rw = wire.retry;
@@ -706,6 +786,57 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         level: wire.log.level,
         access: wire.log.access,
     };
+    let tenant_prefix_isolation = match wire.tenancy.prefix_isolation.as_str() {
+        "global" => false,
+        "tenant" => true,
+        other => {
+            errors.push(format!(
+                "tenancy.prefix_isolation: unknown mode `{other}`; expected global or tenant"
+            ));
+            false
+        }
+    };
+    let mut tenants = Vec::with_capacity(wire.tenants.len());
+    let mut seen_keys = std::collections::HashSet::new();
+    for (i, t) in wire.tenants.into_iter().enumerate() {
+        if t.name.is_empty() || tenants.iter().any(|p: &TenantConfig| p.name == t.name) {
+            errors.push(format!("tenants[{i}].name: must be non-empty and unique"));
+        }
+        let mut key_digests = Vec::with_capacity(t.keys.len());
+        for (k, hex) in t.keys.iter().enumerate() {
+            match crate::tenants::parse_digest(&hex.to_ascii_lowercase()) {
+                Some(d) if seen_keys.insert(d) => key_digests.push(d),
+                Some(_) => errors.push(format!(
+                    "tenants[{i}].keys[{k}]: key used by another tenant"
+                )),
+                None => errors.push(format!(
+                    "tenants[{i}].keys[{k}]: not a SHA-256 hex digest (use `radixgate hash-key`)"
+                )),
+            }
+        }
+        for (key, v) in [
+            ("requests_per_sec", t.requests_per_sec),
+            ("tokens_per_sec", t.tokens_per_sec),
+        ] {
+            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+                errors.push(format!("tenants[{i}].{key}: must be a positive number"));
+            }
+        }
+        if t.max_concurrency == Some(0) {
+            errors.push(format!("tenants[{i}].max_concurrency: must be at least 1"));
+        }
+        tenants.push(TenantConfig {
+            name: t.name,
+            tier: t.tier,
+            key_digests,
+            requests_per_sec: t.requests_per_sec,
+            tokens_per_sec: t.tokens_per_sec,
+            max_concurrency: t.max_concurrency,
+        });
+    }
+    if wire.auth.required && tenants.is_empty() {
+        errors.push("auth.required: no [[tenants]] with keys are configured".into());
+    }
     Config {
         server,
         routing,
@@ -715,6 +846,9 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         breaker,
         admin,
         log,
+        auth_required: wire.auth.required,
+        tenant_prefix_isolation,
+        tenants,
         backends,
     }
 }

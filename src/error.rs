@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Unauthorized,
     /// An endpoint radixgate does not offer yet.
     NotImplemented,
+    /// A tenant quota (requests, tokens or concurrency) refused the request.
+    RateLimited,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +77,7 @@ impl GatewayError {
             ErrorKind::UpstreamTimeout => 504,
             ErrorKind::Unauthorized => 401,
             ErrorKind::NotImplemented => 501,
+            ErrorKind::RateLimited => 429,
         }
     }
 
@@ -88,7 +91,8 @@ impl GatewayError {
             | ErrorKind::BadHttp
             | ErrorKind::PathNotFound
             | ErrorKind::MethodNotAllowed
-            | ErrorKind::Unauthorized => Fault::Client,
+            | ErrorKind::Unauthorized
+            | ErrorKind::RateLimited => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
@@ -107,6 +111,9 @@ impl GatewayError {
 
     /// OpenAI's `error.type`.
     pub fn error_type(&self) -> &'static str {
+        if self.kind == ErrorKind::RateLimited {
+            return "rate_limit_error";
+        }
         match self.fault() {
             Fault::Client => "invalid_request_error",
             Fault::Upstream | Fault::Gateway => "server_error",
@@ -130,6 +137,7 @@ impl GatewayError {
             ErrorKind::UpstreamProtocol => "upstream_error",
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::NotImplemented => "not_implemented",
+            ErrorKind::RateLimited => "rate_limit_exceeded",
         }
     }
 

@@ -144,10 +144,11 @@ impl Gateway {
         if let Some(records) = access_rx {
             let models = shared.models.names().to_vec();
             let backends = shared.backend_ids.clone();
+            let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
             // Ends on its own once the shards and coordinator drop their senders.
             std::thread::Builder::new()
                 .name("radixgate-log".into())
-                .spawn(move || crate::access_log::run(records, models, backends))?;
+                .spawn(move || crate::access_log::run(records, models, backends, tenants))?;
         }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();

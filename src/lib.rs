@@ -30,6 +30,7 @@ pub mod replica;
 pub mod runtime;
 pub mod server;
 pub mod shard;
+pub mod tenants;
 
 pub use config::Config;
 pub use gateway::Gateway;

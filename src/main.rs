@@ -42,6 +42,11 @@ enum Command {
     },
     /// Run one simulated vLLM-compatible engine.
     EngineSim(EngineArgs),
+    /// Print the SHA-256 hex digest of an API key, for `[[tenants]] keys`.
+    HashKey {
+        /// The key (or `-` to read it from stdin, keeping it out of shell history).
+        key: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -125,6 +130,17 @@ fn wait_for_ctrl_c() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::HashKey { key } => {
+            let key = if key == "-" {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+                line.trim().to_string()
+            } else {
+                key
+            };
+            println!("{}", radixgate::tenants::hash_key(&key));
+            ExitCode::SUCCESS
+        }
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(c) => {
                 println!(

@@ -93,6 +93,10 @@ pub struct ShardMetrics {
     pub retries: Vec<u64>,
     /// Retries refused because the shard's retry budget was spent.
     pub retry_budget_exhausted: u64,
+    /// Requests refused by a tenant quota: (tenant index, limit) → count.
+    pub throttled: HashMap<(usize, &'static str), u64>,
+    /// Requests refused for a missing or wrong API key.
+    pub auth_failures: u64,
 }
 
 impl ShardMetrics {
@@ -131,6 +135,10 @@ impl ShardMetrics {
         self.replica_age.merge(&other.replica_age);
         self.decision.merge(&other.decision);
         self.retry_budget_exhausted += other.retry_budget_exhausted;
+        self.auth_failures += other.auth_failures;
+        for (k, v) in &other.throttled {
+            *self.throttled.entry(*k).or_insert(0) += v;
+        }
         for (a, b) in [
             (&mut self.predicted_cached, &other.predicted_cached),
             (&mut self.reported_cached, &other.reported_cached),
@@ -157,6 +165,7 @@ pub struct Gauges<'a> {
     pub index_blocks: u64,
     /// Index events the coordinator has received from shards.
     pub coordinator_received: u64,
+    pub tenants: &'a [String],
     /// Each engine's load as last scraped.
     pub engine: &'a [Option<EngineLoad>],
     pub breaker: &'a [radixgate_orchestrator::BreakerState],
@@ -319,6 +328,32 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     }
     header(
         &mut out,
+        "radixgate_tenant_throttled_total",
+        "counter",
+        "Requests refused with 429 by a tenant quota, by tenant and limit.",
+    );
+    let mut throttled: Vec<_> = merged.throttled.iter().collect();
+    throttled.sort();
+    for ((t, limit), v) in throttled {
+        let tenant = g.tenants.get(*t).map_or("anonymous", |s| s.as_str());
+        let _ = writeln!(
+            out,
+            "radixgate_tenant_throttled_total{{tenant=\"{tenant}\",limit=\"{limit}\"}} {v}"
+        );
+    }
+    header(
+        &mut out,
+        "radixgate_auth_failures_total",
+        "counter",
+        "Requests refused with 401.",
+    );
+    let _ = writeln!(
+        out,
+        "radixgate_auth_failures_total {}",
+        merged.auth_failures
+    );
+    header(
+        &mut out,
         "radixgate_retry_budget_exhausted_total",
         "counter",
         "Retries refused because the retry budget was spent.",
@@ -432,6 +467,7 @@ mod tests {
                 replica_sent: &[0, 0],
                 index_blocks: 0,
                 coordinator_received: 0,
+                tenants: &[],
                 engine: &[None],
                 breaker: &[radixgate_orchestrator::BreakerState::Closed],
                 healthy: &[true],

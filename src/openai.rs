@@ -27,6 +27,8 @@ pub struct RequestFacts {
     pub max_tokens: Option<u64>,
     /// `stream_options.include_usage`: the client wants a final usage event.
     pub include_usage: bool,
+    /// The body carried vLLM's `cache_salt` (already mixed into the hash seed).
+    pub has_cache_salt: bool,
     pub affinity_key: Option<u64>,
 }
 
@@ -88,6 +90,7 @@ impl BodyParser {
         body: &[u8],
         models: &ModelTable,
         hasher: &mut PromptHasher,
+        seed_mix: u64,
     ) -> Result<RequestFacts, GatewayError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(body);
@@ -138,7 +141,16 @@ impl BodyParser {
             .and_then(|o| o.get("include_usage"))
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
-        hasher.reset(models.seeds[model]);
+        // vLLM keeps salted prompts apart in its cache; so does the index.
+        let salt = match value.get("cache_salt") {
+            None => None,
+            Some(v) if v.is_null() => None,
+            Some(v) => Some(v.as_str().ok_or_else(|| {
+                GatewayError::invalid_param("cache_salt", "`cache_salt` must be a string")
+            })?),
+        };
+        let salt_seed = salt.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
+        hasher.reset(models.seeds[model] ^ seed_mix ^ salt_seed);
         match endpoint {
             Endpoint::ChatCompletions => feed_messages(&value, hasher)?,
             Endpoint::Completions => feed_prompt(&value, hasher)?,
@@ -148,6 +160,7 @@ impl BodyParser {
             stream,
             max_tokens,
             include_usage,
+            has_cache_salt: salt.is_some(),
             affinity_key: hasher.affinity_key(),
         })
     }
@@ -352,7 +365,7 @@ mod tests {
     fn parse(endpoint: Endpoint, body: &str) -> Result<RequestFacts, GatewayError> {
         let models = ModelTable::new(vec!["sim".into()]);
         let mut hasher = PromptHasher::new(NonZeroUsize::new(64).unwrap());
-        BodyParser::default().parse(endpoint, body.as_bytes(), &models, &mut hasher)
+        BodyParser::default().parse(endpoint, body.as_bytes(), &models, &mut hasher, 0)
     }
 
     fn param_of(endpoint: Endpoint, body: &str) -> Option<String> {
@@ -447,6 +460,7 @@ mod tests {
                 body.as_bytes(),
                 &models,
                 &mut hasher,
+                0,
             )
             .unwrap();
         hasher.blocks().to_vec()

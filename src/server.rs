@@ -195,6 +195,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
                 shard: shard.id,
                 request_id: InlineId::new(&request_id),
                 trace_id: conn.head.trace_id,
+                tenant: None,
                 model: None,
                 policy: "",
                 backend: None,
@@ -347,6 +348,7 @@ async fn scrape(shard: &Shard) -> String {
     }
     copies.sort_by_key(|m| m.shard);
     let fleet = shard.fleet.borrow().clone();
+    let tenants: Vec<String> = shared.tenants.iter().map(|t| t.name.clone()).collect();
     let backends = shared.backend_ids.len();
     let in_flight: Vec<u32> = (0..backends).map(|b| shared.in_flight.total(b)).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
@@ -362,6 +364,7 @@ async fn scrape(shard: &Shard) -> String {
             index_blocks: shared
                 .index_blocks
                 .load(std::sync::atomic::Ordering::Relaxed),
+            tenants: &tenants,
             coordinator_received: shared
                 .coordinator_received
                 .load(std::sync::atomic::Ordering::Relaxed),

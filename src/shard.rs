@@ -15,6 +15,7 @@ use crate::open_conns::OpenConnections;
 use crate::openai::{BodyParser, ModelTable};
 use crate::pool::UpstreamPool;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
+use crate::tenants::{Bucket, KeyTable, Tenant};
 use radixgate_orchestrator::{
     build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
     PromptHasher, RetryBudget,
@@ -48,6 +49,8 @@ pub struct Shared {
     pub index_blocks: AtomicU64,
     /// Zero of the index's logical clock (milliseconds since start).
     pub epoch: Instant,
+    pub tenants: Vec<Tenant>,
+    pub keys: KeyTable,
 }
 
 impl Shared {
@@ -79,7 +82,32 @@ impl Shared {
             hash_virtual_nodes: config.routing.hash_virtual_nodes,
             prefix: config.routing.prefix_aware.clone(),
         };
+        let mut keys = KeyTable::default();
+        let tenants = config
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                for d in &t.key_digests {
+                    keys.insert(*d, i);
+                }
+                Tenant {
+                    name: t.name.clone(),
+                    tier: t.tier.clone(),
+                    // Derived from the tenant's key digests (secret to other
+                    // tenants), so no one can compute another tenant's cache salt.
+                    seed: xxhash_rust::xxh3::xxh3_64(&t.key_digests.concat())
+                        ^ xxhash_rust::xxh3::xxh3_64(t.name.as_bytes()),
+                    requests: t.requests_per_sec.map(|r| Bucket::new(r, 0)),
+                    tokens: t.tokens_per_sec.map(|r| Bucket::new(r, 0)),
+                    max_concurrency: t.max_concurrency,
+                    in_flight: Default::default(),
+                }
+            })
+            .collect();
         Shared {
+            tenants,
+            keys,
             index_events,
             outcomes,
             access_log,

@@ -99,7 +99,7 @@ fn picks_do_not_allocate() {
         .collect();
     let saturated: Vec<Candidate> = rich
         .iter()
-        .map(|&c| Candidate { in_flight: 40, ..c })
+        .map(|&c| Candidate { in_flight: 80, ..c })
         .collect();
     let sets = [&plain, &rich, &session, &short, &saturated];
     let mut rng = fastrand::Rng::with_seed(3);

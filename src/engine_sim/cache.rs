@@ -44,9 +44,11 @@ impl PrefixCache {
     }
 
     /// Marks every block as used now, inserting missing ones and evicting the least
-    /// recently used beyond capacity.
+    /// recently used beyond capacity. Blocks are touched last to first, so within one
+    /// prompt the tail is older than the head and is evicted first (as vLLM frees a
+    /// sequence's blocks tail first): a partly evicted prompt keeps a usable prefix.
     pub fn touch(&mut self, blocks: &[u64]) {
-        for &b in blocks {
+        for &b in blocks.iter().rev() {
             self.tick += 1;
             if let Some(old) = self.last_used.insert(b, self.tick) {
                 self.by_age.remove(&old);
@@ -73,9 +75,13 @@ mod tests {
         assert_eq!(c.matched(&[1, 2, 3]), 2);
         assert_eq!(c.matched(&[2, 1]), 2);
         assert_eq!(c.matched(&[9, 1]), 0);
-        c.touch(&[3, 4]); // evicts 1
+        c.touch(&[3, 4]); // evicts 2, the tail of the oldest prompt
         assert_eq!(c.len(), 3);
-        assert_eq!(c.matched(&[1, 2]), 0);
-        assert_eq!(c.matched(&[2, 3, 4]), 3);
+        assert_eq!(
+            c.matched(&[1, 2]),
+            1,
+            "the head of the evicted prompt survives"
+        );
+        assert_eq!(c.matched(&[3, 4]), 2);
     }
 }

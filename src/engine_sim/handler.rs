@@ -189,7 +189,7 @@ impl Engine {
         let facts = self
             .parser
             .borrow_mut()
-            .parse(endpoint, body, &self.models, &mut hasher)?;
+            .parse(endpoint, body, &self.models, &mut hasher, 0)?;
         let prompt_tokens = hasher.bytes_fed().div_ceil(BYTES_PER_TOKEN as u64).max(1);
         Ok((facts, hasher.blocks().to_vec(), prompt_tokens))
     }

@@ -30,6 +30,8 @@ pub struct RequestHead {
     pub policy_override: String,
     /// `X-Session-ID`: keeps a conversation on its backend (still forwarded).
     pub session_id: String,
+    /// The client's `Authorization` value (never forwarded).
+    pub authorization: String,
     /// Trace id of a valid W3C `traceparent` (0 when absent); still forwarded.
     pub trace_id: u128,
     /// `Name: value\r\n` lines to send upstream unchanged.
@@ -53,7 +55,8 @@ impl RequestHead {
 
 /// Gateway control headers: read by radixgate, never forwarded.
 fn is_gateway_header(name: &str) -> bool {
-    const OWN: [&str; 5] = [
+    const OWN: [&str; 6] = [
+        "authorization",
         "host",
         "content-length",
         "expect",
@@ -102,6 +105,7 @@ pub fn parse_request_head(
     head.policy_override.clear();
     head.session_id.clear();
     head.trace_id = 0;
+    head.authorization.clear();
     head.forward_headers.clear();
 
     let mut content_length: Option<u64> = None;
@@ -147,6 +151,9 @@ pub fn parse_request_head(
             if !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()) {
                 head.request_id.push_str(&v);
             }
+        } else if name.eq_ignore_ascii_case("authorization") {
+            head.authorization
+                .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("traceparent") {
             head.trace_id = parse_traceparent(h.value).unwrap_or(0);
         } else if name.eq_ignore_ascii_case("x-session-id") {

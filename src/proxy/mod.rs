@@ -12,13 +12,15 @@ mod exchange;
 mod route;
 
 use crate::access_log::{AccessRecord, InlineId};
-use crate::error::GatewayError;
+use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
+use crate::observe::Usage;
 use crate::observe::UsageScanner;
 use crate::openai::{Endpoint, RequestFacts};
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
+use crate::tenants::Throttle;
 use exchange::{router_headers, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
@@ -35,8 +37,20 @@ const COALESCE_BODY: usize = 64 << 10;
 /// Attempts per request are capped here whatever the config says.
 const MAX_ATTEMPTS: usize = 8;
 
-/// Forwards one model request. `Err` means nothing was written to the client yet
-/// (the caller renders the error); `Ok(keep_open)` means a response went out.
+/// What every attempt of one request shares.
+struct Request<'a> {
+    head: &'a RequestHead,
+    request_id: &'a str,
+    facts: RequestFacts,
+    policy: PolicyName,
+    tenant: Option<usize>,
+    started: Instant,
+}
+
+/// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
+/// then route and fail over (see [`attempt_all`]). `Err` means nothing was written to
+/// the client yet (the caller renders the error); `Ok(keep_open)` means a response
+/// went out.
 pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
@@ -47,12 +61,194 @@ pub async fn forward(
     started: Instant,
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
-    let facts = {
+    let tenant = authenticate(shard, head)?;
+    let isolated = shared.config.tenant_prefix_isolation;
+    let seed_mix = match (isolated, tenant) {
+        (true, Some(t)) => shared.tenants[t].seed,
+        _ => 0,
+    };
+    let (facts, prompt_bytes) = {
         let mut parser = shard.parser.borrow_mut();
         let mut hasher = shard.hasher.borrow_mut();
-        parser.parse(endpoint, body, &shared.models, &mut hasher)?
+        let facts = parser.parse(endpoint, body, &shared.models, &mut hasher, seed_mix)?;
+        (facts, hasher.bytes_fed())
     };
+    if isolated && tenant.is_some() && facts.has_cache_salt {
+        return Err(GatewayError::invalid_param(
+            "cache_salt",
+            "`cache_salt` is set by the gateway under tenant prefix isolation",
+        ));
+    }
     let policy = policy_for(shard, head)?;
+    let now = shared.now_ms();
+    let admission = match tenant.map(|t| &shared.tenants[t]) {
+        None => None,
+        Some(t) => {
+            let estimate = (prompt_bytes as f64 / shared.config.routing.bytes_per_token) as u64
+                + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
+            match t.admit(estimate, now) {
+                Ok(a) => Some(a),
+                Err(throttle) => {
+                    return answer_throttle(shard, client, head, request_id, tenant, t, throttle)
+                        .await
+                }
+            }
+        }
+    };
+    // Tenant isolation: the engine's cache is salted per tenant too (vLLM cache_salt).
+    let salted;
+    let upstream_body = match (isolated, tenant) {
+        (true, Some(t)) => {
+            salted = with_cache_salt(body, shared.tenants[t].seed);
+            &salted[..]
+        }
+        _ => body,
+    };
+    let request = Request {
+        head,
+        request_id,
+        facts,
+        policy,
+        tenant,
+        started,
+    };
+    let (keep_open, usage) = attempt_all(shard, client, &request, upstream_body).await?;
+    // Reconcile the tokens charged up front with what the engine reported.
+    if let (Some(a), Some(prompt), Some(completion)) =
+        (&admission, usage.prompt_tokens, usage.completion_tokens)
+    {
+        if let Some(bucket) = &a.tenant.tokens {
+            let actual = (prompt + completion) as i64;
+            bucket.adjust(a.charged_tokens as i64 - actual, shared.now_ms());
+        }
+    }
+    Ok(keep_open)
+}
+
+/// Output tokens charged up front when a request gives no `max_tokens`.
+const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
+
+/// The tenant of the request's API key. `Ok(None)`: anonymous (allowed only when
+/// `auth.required` is off and no key was sent).
+fn authenticate(shard: &Shard, head: &RequestHead) -> Result<Option<usize>, GatewayError> {
+    let shared = &shard.shared;
+    let unauthorized = |message: &str| {
+        shard.metrics.borrow_mut().auth_failures += 1;
+        GatewayError::new(ErrorKind::Unauthorized, message)
+    };
+    if head.authorization.is_empty() {
+        return if shared.config.auth_required {
+            Err(unauthorized(
+                "You didn't provide an API key. Send `Authorization: Bearer <key>`.",
+            ))
+        } else {
+            Ok(None)
+        };
+    }
+    let key = crate::admin::bearer(head.authorization.as_bytes())
+        .ok_or_else(|| unauthorized("Malformed Authorization header; expected `Bearer <key>`."))?;
+    match shared.keys.lookup(key) {
+        Some(t) => Ok(Some(t)),
+        None if shared.config.tenants.is_empty() && !shared.config.auth_required => Ok(None),
+        None => Err(unauthorized("Incorrect API key provided.")),
+    }
+}
+
+/// 429 with `Retry-After` and the tenant's `X-RateLimit-*` headers.
+async fn answer_throttle(
+    shard: &Shard,
+    client: &mut TcpStream,
+    head: &RequestHead,
+    request_id: &str,
+    tenant_idx: Option<usize>,
+    tenant: &crate::tenants::Tenant,
+    throttle: Throttle,
+) -> Result<bool, GatewayError> {
+    let now = shard.shared.now_ms();
+    let limit = throttle.as_str();
+    *shard
+        .metrics
+        .borrow_mut()
+        .throttled
+        .entry((tenant_idx.unwrap_or(usize::MAX), limit))
+        .or_insert(0) += 1;
+    let e = GatewayError::new(
+        ErrorKind::RateLimited,
+        format!(
+            "Rate limit reached for tenant `{}` on {limit}; retry after {} s.",
+            tenant.name,
+            throttle.retry_after_secs()
+        ),
+    );
+    let mut extra = Vec::with_capacity(256);
+    let _ = write!(
+        Utf8Vec(&mut extra),
+        "Retry-After: {}\r\nX-Request-Id: {request_id}\r\n",
+        throttle.retry_after_secs()
+    );
+    tenant.rate_limit_headers(now, &mut extra);
+    shard.log_access(AccessRecord {
+        shard: shard.id,
+        request_id: InlineId::new(request_id),
+        trace_id: head.trace_id,
+        tenant: tenant_idx,
+        model: None,
+        policy: "",
+        backend: None,
+        reason: e.code(),
+        matched_blocks: 0,
+        cached_tokens: None,
+        prompt_tokens: None,
+        status: 429,
+        ttft_us: None,
+        total_us: 0,
+        retries: 0,
+    });
+    shard
+        .metrics
+        .borrow_mut()
+        .count_request(crate::metrics::RequestKey {
+            backend: None,
+            status: 429,
+            reason: e.code(),
+        });
+    let (r, _) = client
+        .write_all(e.to_response(&extra, head.keep_alive))
+        .await;
+    Ok(r.is_ok() && head.keep_alive)
+}
+
+/// `body` (a JSON object) with `"cache_salt":"<hex>"` as its first member.
+fn with_cache_salt(body: &[u8], salt: u64) -> Vec<u8> {
+    let open = body.iter().position(|b| *b == b'{').unwrap_or(0);
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let mut out = Vec::with_capacity(body.len() + 48);
+    out.extend_from_slice(&body[..=open]);
+    let _ = write!(Utf8Vec(&mut out), "\"cache_salt\":\"{salt:016x}\"");
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    out
+}
+
+/// Routes and tries the request, failing over before the first byte: on a connect
+/// error, reset, timeout before the first byte, or a 5xx it rolls back the attempt's
+/// index belief, reports the failure to the breaker, and re-routes to the policy's
+/// next-best candidate, within `retry.max_attempts` and the retry budget. Returns
+/// whether the connection stays open, and the final attempt's usage.
+async fn attempt_all(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    body: &[u8],
+) -> Result<(bool, Usage), GatewayError> {
+    let shared = &shard.shared;
+    let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
+    let started = req.started;
     let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
     let max_attempts = (shared.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
@@ -62,12 +258,14 @@ pub async fn forward(
     let mut previous: Option<(GatewayError, route::Route)> = None;
     loop {
         attempt += 1;
-        let route = match route(shard, &facts, policy, session, &excluded[..attempt - 1]) {
+        let route = match route(shard, facts, policy, session, &excluded[..attempt - 1]) {
             Ok(r) => r,
             Err(e) => match previous {
                 Some((error, route)) => {
-                    return answer_error(shard, client, &error, &route, head.keep_alive, request_id)
-                        .await
+                    let keep =
+                        answer_error(shard, client, &error, &route, head.keep_alive, request_id)
+                            .await?;
+                    return Ok((keep, Usage::default()));
                 }
                 None => return Err(e),
             },
@@ -113,22 +311,20 @@ pub async fn forward(
             .await;
         match result {
             Ok(keep_open) => {
-                log(
-                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
-                );
+                log(shard, req, &route, &exchange, attempt);
                 let failed = exchange.status >= 500;
                 if failed && retry_possible && !may_retry {
                     shard.metrics.borrow_mut().retry_budget_exhausted += 1;
                 }
                 shard.report_outcome(backend, !failed);
-                exchange.record(&facts, &route);
-                return Ok(keep_open);
+                exchange.record(facts, &route);
+                return Ok((keep_open, exchange.usage.usage));
             }
             Err(Failure::Retryable(e)) => {
                 route.roll_back(shard);
                 shard.report_outcome(backend, false);
                 exchange.status = e.status();
-                exchange.record(&facts, &route);
+                exchange.record(facts, &route);
                 if may_retry && shard.retry_budget.borrow_mut().withdraw(shared.now_ms()) {
                     shard.metrics.borrow_mut().retries[backend] += 1;
                     excluded[attempt - 1] = backend;
@@ -139,10 +335,10 @@ pub async fn forward(
                 if retry_possible {
                     shard.metrics.borrow_mut().retry_budget_exhausted += 1;
                 }
-                log(
-                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
-                );
-                return answer_error(shard, client, &e, &route, head.keep_alive, request_id).await;
+                log(shard, req, &route, &exchange, attempt);
+                let keep =
+                    answer_error(shard, client, &e, &route, head.keep_alive, request_id).await?;
+                return Ok((keep, Usage::default()));
             }
             Err(Failure::AfterResponse {
                 upstream_fault,
@@ -151,24 +347,18 @@ pub async fn forward(
                 if upstream_fault {
                     shard.report_outcome(backend, false);
                 }
-                exchange.record(&facts, &route);
-                log(
-                    shard, head, request_id, &facts, policy, &route, &exchange, attempt,
-                );
-                return Ok(keep_open);
+                exchange.record(facts, &route);
+                log(shard, req, &route, &exchange, attempt);
+                return Ok((keep_open, exchange.usage.usage));
             }
         }
     }
 }
 
 /// Sends the request's access record to the log thread.
-#[allow(clippy::too_many_arguments)]
 fn log(
     shard: &Shard,
-    head: &RequestHead,
-    request_id: &str,
-    facts: &RequestFacts,
-    policy: PolicyName,
+    req: &Request<'_>,
     route: &route::Route,
     exchange: &Exchange<'_>,
     attempt: usize,
@@ -179,10 +369,11 @@ fn log(
     let usage = exchange.usage.usage;
     shard.log_access(AccessRecord {
         shard: shard.id,
-        request_id: InlineId::new(request_id),
-        trace_id: head.trace_id,
-        model: Some(facts.model),
-        policy: policy.as_str(),
+        request_id: InlineId::new(req.request_id),
+        trace_id: req.head.trace_id,
+        tenant: req.tenant,
+        model: Some(req.facts.model),
+        policy: req.policy.as_str(),
         backend: Some(route.pick.backend),
         reason: route.pick.reason.as_str(),
         matched_blocks: route.matched_blocks,
@@ -230,6 +421,9 @@ fn write_upstream_head(
         body_len,
         request_id
     );
+    if let Some(auth) = &b.upstream_auth {
+        out.extend_from_slice(auth.as_bytes());
+    }
     out.extend_from_slice(&head.forward_headers);
     out.extend_from_slice(b"\r\n");
 }

@@ -1,3 +1,5 @@
+//! Replay against a tiny std TCP server: turn order, timing, headers, records.
+
 use super::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -283,9 +283,13 @@ struct Batch {
 pub fn run(args: &SimArgs) -> String {
     let base = args.sim_config();
     let policies = args.policies();
+    let window = match args.sweep {
+        Some(Sweep::Concurrency) => String::new(),
+        _ => format!(", window {}", base.window),
+    };
     let fleet = format!(
-        "{} backends × {} blocks of {} B, window {}, seed {}",
-        base.backends, base.cache_blocks, base.block_bytes, base.window, base.seed
+        "{} backends × {} blocks of {} B{window}, seed {}",
+        base.backends, base.cache_blocks, base.block_bytes, base.seed
     );
     let mut batches: Vec<Batch> = Vec::new();
     let mut docs_batch = |cfg: &SimConfig, d: Distribution, docs: usize, sweep, title: String| {

@@ -1,3 +1,6 @@
+//! The simulator end to end: determinism, the cost model by hand, and smoke runs of
+//! each workload where prefix_aware must beat round_robin.
+
 use super::workload::{Distribution, DocsConfig, MultiturnConfig};
 use super::*;
 

@@ -39,8 +39,8 @@ use super::{Candidate, Pick, Reason, RouteInput, RoutingPolicy};
 
 /// Absolute width added to the relative tie band, so near-zero estimates (an idle
 /// fleet and a fully cached prompt) still leave room for ties instead of letting a few
-/// microseconds of difference decide. 1 ms is a fifth of the default per-request queue
-/// cost, so one extra queued request is never a tie on its own.
+/// microseconds of difference decide. 1 ms is half the default per-request queue
+/// cost, so one extra request ahead is never a tie on its own.
 pub const TIE_FLOOR_NS: f64 = 1_000_000.0;
 
 /// The cost model and thresholds of `prefix_aware`.
@@ -51,20 +51,26 @@ pub const TIE_FLOOR_NS: f64 = 1_000_000.0;
 ///   of English text at ~4 bytes per token.
 /// - `default_prefill_ns_per_token = 20_000` (20 µs): what the simulated engine
 ///   charges; a block then costs 320 µs to prefill.
-/// - `queue_ns_per_request = 5_000_000` (5 ms): one request ahead delays the first
-///   token by about one short prefill's worth. This is the exchange rate between load
-///   and affinity: 16 matched blocks (256 tokens) are worth one queued request. A 6 KB
-///   document is 96 blocks × 16 tok × 20 µs ≈ 31 ms of prefill saved, so its holder
-///   keeps the document's requests while it has up to six more queued than a cold
-///   backend; the next one spills, and the spill target becomes a second holder. A larger queue cost lets load swamp affinity (short
-///   shared prompts would never hit); a smaller one lets a hot document pile up.
+/// - `queue_ns_per_request = 2_000_000` (2 ms): the exchange rate between load and
+///   affinity: about 6 matched blocks (100 tokens) are worth one request ahead. Most
+///   in-flight requests are decoding, not queued for prefill, so a request ahead costs
+///   far less than a cold prefill. A 6 KB document is 96 blocks × 16 tok × 20 µs ≈
+///   31 ms of prefill saved, so its holder keeps the document's requests while it has
+///   up to ~15 more in flight than a cold backend; then it spills, and the spill target
+///   becomes a second holder. Measured with `radixgate-bench sim` (docs workload, seeds
+///   1–5): 5 ms let ordinary load gaps swamp affinity (82% / 91% hit rate, uniform /
+///   Zipf), 2 ms gives 98% / 98% with load CoV ≤ 0.15; 1 ms reaches the hit-rate
+///   ceiling but Zipf load CoV climbs to 0.4 (a hot document piles up).
 /// - `min_match_blocks = 2`: a one-block match (a chat template's opening, shared
 ///   by every prompt) says nothing about where the rest lives; below two blocks the
 ///   policy is plain least-loaded.
-/// - `saturation_inflight = 32`: a hard cap on top of the estimate. The estimate
-///   alone would let a 32k-token document (≈ 640 ms of prefill) sit behind 128 queued
-///   requests, and it trusts counts that lag during a burst; no backend takes a new
-///   request at 32 outstanding while another has room, which bounds any hot spot.
+/// - `saturation_inflight = 64`: a hard cap on top of the estimate. The estimate
+///   alone would let a 32k-token document (≈ 640 ms of prefill) sit behind hundreds of
+///   queued requests, and it trusts counts that lag during a burst; no backend takes a
+///   new request at 64 outstanding while another has room, which bounds any hot spot.
+///   At 32 a 3-backend fleet with 96 requests in flight counted every backend as
+///   saturated and the policy degenerated to least-loaded (sim: 45% hit rate instead
+///   of 84%). Set it near the engine's batch size times two.
 /// - `hysteresis = 0.1`: estimates within 10% (+ [`TIE_FLOOR_NS`]) of the best are a
 ///   tie, and ties go to the longest match, so small load jitter does not flap a
 ///   prefix between backends (each flap costs a full prefill and a cache copy). The
@@ -97,9 +103,9 @@ impl Default for PrefixAwareConfig {
         Self {
             tokens_per_block: 16.0,
             default_prefill_ns_per_token: 20_000,
-            queue_ns_per_request: 5_000_000,
+            queue_ns_per_request: 2_000_000,
             min_match_blocks: 2,
-            saturation_inflight: 32,
+            saturation_inflight: 64,
             hysteresis: 0.1,
         }
     }

@@ -16,7 +16,17 @@ fn c(backend: BackendIdx, in_flight: u32, matched: u32) -> Candidate {
 }
 
 fn defaults() -> PrefixAware {
-    PrefixAware::new(&PrefixAwareConfig::default())
+    PrefixAware::new(&base())
+}
+
+/// The configuration these tests were written against (5 ms per queued request,
+/// saturation at 32), pinned so that tuning the defaults does not move them.
+fn base() -> PrefixAwareConfig {
+    PrefixAwareConfig {
+        queue_ns_per_request: 5_000_000,
+        saturation_inflight: 32,
+        ..PrefixAwareConfig::default()
+    }
 }
 
 fn pick_seeded(p: &mut PrefixAware, cands: &[Candidate], prompt_blocks: u32, seed: u64) -> Pick {
@@ -52,9 +62,9 @@ fn default_config() {
         PrefixAwareConfig {
             tokens_per_block: 16.0,
             default_prefill_ns_per_token: 20_000,
-            queue_ns_per_request: 5_000_000,
+            queue_ns_per_request: 2_000_000,
             min_match_blocks: 2,
-            saturation_inflight: 32,
+            saturation_inflight: 64,
             hysteresis: 0.1,
         }
     );
@@ -77,12 +87,12 @@ fn est_ttft_formula() {
 
     let odd = PrefixAware::new(&PrefixAwareConfig {
         tokens_per_block: f64::NAN,
-        ..PrefixAwareConfig::default()
+        ..base()
     });
     assert_eq!(odd.est_ttft_ns(&x, 30), 15.0 * MS);
     let huge = PrefixAware::new(&PrefixAwareConfig {
         tokens_per_block: 1e305,
-        ..PrefixAwareConfig::default()
+        ..base()
     });
     assert_eq!(huge.est_ttft_ns(&x, 10), 15.0 * MS);
     assert_eq!(huge.est_ttft_ns(&x, 30), f64::INFINITY);
@@ -146,7 +156,7 @@ fn a_match_below_the_minimum_routes_least_loaded() {
 fn min_match_blocks_zero_still_means_no_match() {
     let mut p = PrefixAware::new(&PrefixAwareConfig {
         min_match_blocks: 0,
-        ..PrefixAwareConfig::default()
+        ..base()
     });
     let cands = [c(0, 3, 0), c(1, 1, 0)];
     assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::NoMatch));
@@ -297,7 +307,7 @@ fn within_the_band_the_longest_match_beats_a_lower_estimate() {
     // Idle backend: 100 × 0.32 ms = 32 ms. Holder of 30: 5 ms × L + 22.4 ms.
     let config = |hysteresis| PrefixAwareConfig {
         hysteresis,
-        ..PrefixAwareConfig::default()
+        ..base()
     };
     let mut wide = PrefixAware::new(&config(0.2)); // band up to 32 × 1.2 + 1 = 39.4 ms
     let mut none = PrefixAware::new(&config(0.0)); // band up to 33 ms
@@ -339,7 +349,7 @@ fn within_the_band_the_longest_match_beats_a_lower_estimate() {
 fn the_floor_keeps_tiny_estimates_a_tie() {
     let mut p = PrefixAware::new(&PrefixAwareConfig {
         hysteresis: 0.0,
-        ..PrefixAwareConfig::default()
+        ..base()
     });
     let slow = |prefill, matched| Candidate {
         prefill_ns_per_token: prefill,
@@ -422,7 +432,7 @@ fn the_factory_passes_the_prefix_config() {
     let config = PolicyConfig {
         prefix: PrefixAwareConfig {
             min_match_blocks: 50,
-            ..PrefixAwareConfig::default()
+            ..base()
         },
         ..PolicyConfig::default()
     };

@@ -1,0 +1,206 @@
+//! API keys, tenant quotas and prefix isolation over real sockets, on both drivers.
+
+mod common;
+
+use common::*;
+use radixgate::engine_sim::EngineConfig;
+use radixgate::tenants::hash_key;
+use std::time::Duration;
+
+fn tenants_toml(extra: &str) -> String {
+    format!(
+        "[auth]\nrequired = true\n{extra}\n[[tenants]]\nname = \"acme\"\nkeys = [\"{}\"]\nrequests_per_sec = 5\n[[tenants]]\nname = \"globex\"\nkeys = [\"{}\"]\nmax_concurrency = 1\n[[tenants]]\nname = \"initech\"\nkeys = [\"{}\"]\ntokens_per_sec = 1000\n",
+        hash_key("sk-acme"),
+        hash_key("sk-globex"),
+        hash_key("sk-initech")
+    )
+}
+
+fn bearer(key: &str) -> (&'static str, String) {
+    ("Authorization", format!("Bearer {key}"))
+}
+
+fn post(addr: std::net::SocketAddr, key: Option<&str>, body: &str) -> Response {
+    let auth = key.map(bearer);
+    let headers: Vec<(&str, &str)> = auth.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    Client::connect(addr).post("/v1/chat/completions", body, &headers)
+}
+
+fn keys_are_checked_and_never_forwarded(io: &str) {
+    std::env::set_var("RADIXGATE_TEST_UPSTREAM_KEY", "sk-backend-own");
+    let up = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let mut toml = tenants_toml("");
+    toml.push_str(&format!(
+        "\n[[backends]]\nid = \"b0\"\nurl = \"{}\"\nmodels = [\"sim\"]\napi_key_env = \"RADIXGATE_TEST_UPSTREAM_KEY\"\n",
+        up.url()
+    ));
+    let gw = start_gateway(io, 1, &toml, &[]);
+    let addr = gw.local_addr();
+    for key in [None, Some("sk-wrong")] {
+        let r = post(addr, key, &chat_body("x", false));
+        assert_eq!(r.status, 401, "{key:?}");
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        assert_eq!(r.error_param_code().1, "invalid_api_key");
+    }
+    let r = post(addr, Some("sk-acme"), &chat_body("x", false));
+    assert_eq!(r.status, 200);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "refused requests never went upstream");
+    assert!(
+        !seen[0].head.contains("sk-acme"),
+        "the client's key leaked upstream"
+    );
+    assert!(seen[0]
+        .head
+        .contains("Authorization: Bearer sk-backend-own\r\n"));
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(metric(&m, "radixgate_auth_failures_total"), Some(2.0));
+}
+both_drivers!(keys_are_checked_and_never_forwarded);
+
+fn request_rate_is_global_across_shards(io: &str) {
+    let engine = start_engine(io, EngineConfig::instant("sim"));
+    let gw = start_gateway(io, 2, &tenants_toml(""), &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    // Fresh connections land on both shards; the 5/s bucket is shared.
+    let statuses: Vec<u16> = (0..8)
+        .map(|i| post(addr, Some("sk-acme"), &chat_body(&format!("q{i}"), false)).status)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        5,
+        "{statuses:?}"
+    );
+    let r = post(addr, Some("sk-acme"), &chat_body("again", false));
+    assert_eq!(r.status, 429);
+    assert_eq!(r.error_param_code().1, "rate_limit_exceeded");
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("x-ratelimit-limit-requests"), Some("5"));
+    assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("0"));
+    // Other tenants are unaffected.
+    assert_eq!(
+        post(addr, Some("sk-globex"), &chat_body("y", false)).status,
+        200
+    );
+    // And the bucket refills.
+    pause(Duration::from_millis(250));
+    assert_eq!(
+        post(addr, Some("sk-acme"), &chat_body("later", false)).status,
+        200
+    );
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_tenant_throttled_total{tenant=\"acme\",limit=\"requests\"}"
+        ),
+        Some(4.0),
+        "{m}"
+    );
+}
+both_drivers!(request_rate_is_global_across_shards);
+
+fn concurrency_cap(io: &str) {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.decode_per_token = Duration::from_millis(10);
+    let engine = start_engine(io, cfg);
+    let gw = start_gateway(io, 2, &tenants_toml(""), &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    let mut long = Client::connect(addr);
+    let auth = bearer("sk-globex");
+    long.send(&post_bytes(
+        "/v1/chat/completions",
+        r#"{"model":"sim","stream":true,"max_tokens":50,"messages":[{"role":"user","content":"long"}]}"#,
+        &[(auth.0, auth.1.as_str())],
+    ));
+    assert_eq!(long.read_head().0, 200);
+    let r = post(addr, Some("sk-globex"), &chat_body("second", false));
+    assert_eq!(r.status, 429);
+    assert!(r.text().contains("concurrency"));
+    drop(long);
+}
+both_drivers!(concurrency_cap);
+
+fn token_charges_are_reconciled_with_usage(io: &str) {
+    // The engine reports 10 tokens used although 900 were charged up front.
+    let up = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 51\r\n\r\n{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":5}}".to_vec(),
+    ]));
+    let gw = start_gateway(io, 1, &tenants_toml(""), &[("b0", up.url(), "sim")]);
+    let addr = gw.local_addr();
+    let big = r#"{"model":"sim","max_tokens":900,"messages":[{"role":"user","content":"x"}]}"#;
+    assert_eq!(post(addr, Some("sk-initech"), big).status, 200);
+    // Without the refund the bucket (1000 tokens) could not cover another 900 now.
+    assert_eq!(post(addr, Some("sk-initech"), big).status, 200);
+    let r = post(
+        addr,
+        Some("sk-initech"),
+        r#"{"model":"sim","max_tokens":5000,"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("1000"));
+}
+both_drivers!(token_charges_are_reconciled_with_usage);
+
+fn tenants_never_share_prefixes_when_isolated(io: &str) {
+    let engine = start_engine(io, EngineConfig::instant("sim"));
+    let toml = tenants_toml("[tenancy]\nprefix_isolation = \"tenant\"");
+    let gw = start_gateway(io, 1, &toml, &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    let doc = "shared document text ".repeat(40);
+    let body = |q: &str| {
+        format!(
+            r#"{{"model":"sim","max_tokens":1,"messages":[{{"role":"system","content":"{doc}"}},{{"role":"user","content":"{q}"}}]}}"#
+        )
+    };
+    assert_eq!(
+        post(addr, Some("sk-globex"), &body("a1")).header("x-router-match-blocks"),
+        Some("0")
+    );
+    // Tenant A's own follow-up matches...
+    let again = post(addr, Some("sk-globex"), &body("a2"));
+    assert!(
+        again
+            .header("x-router-match-blocks")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+            > 5
+    );
+    // ...tenant B's identical prompt does not, in the index or in the engine's cache.
+    let other = post(addr, Some("sk-acme"), &body("b1"));
+    assert_eq!(other.header("x-router-match-blocks"), Some("0"));
+    assert_eq!(
+        other.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+}
+both_drivers!(tenants_never_share_prefixes_when_isolated);
+
+fn cache_salt_goes_upstream(io: &str) {
+    let up = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let toml = tenants_toml("[tenancy]\nprefix_isolation = \"tenant\"");
+    let gw = start_gateway(io, 1, &toml, &[("b0", up.url(), "sim")]);
+    let addr = gw.local_addr();
+    post(addr, Some("sk-acme"), &chat_body("x", false));
+    post(addr, Some("sk-globex"), &chat_body("x", false));
+    let seen = up.seen();
+    let salts: Vec<String> = seen
+        .iter()
+        .map(|s| {
+            let v: serde_json::Value =
+                serde_json::from_slice(&s.body).expect("upstream body is valid JSON");
+            assert_eq!(v["model"], "sim");
+            v["cache_salt"].as_str().expect("cache_salt").to_string()
+        })
+        .collect();
+    assert_ne!(salts[0], salts[1]);
+}
+both_drivers!(cache_salt_goes_upstream);
