@@ -394,7 +394,7 @@ impl Router {
         h.feed_message("system", None, &q.system);
         h.feed_message("user", None, &q.user[..q.id.start]);
         h.feed(question);
-        h.feed(q.user[q.id.end..].as_bytes());
+        h.feed(&q.user.as_bytes()[q.id.end..]);
         index.match_prefix(h.blocks(), &mut self.matches);
         self.candidates.clear();
         for (backend, &in_flight) in IN_FLIGHT.iter().enumerate() {

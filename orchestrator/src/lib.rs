@@ -9,6 +9,7 @@
 //! reproducible.
 
 pub mod breaker;
+pub mod engine_cache;
 pub mod index;
 pub mod policy;
 pub mod prompt;
@@ -16,6 +17,7 @@ pub mod retry;
 pub mod route;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
+pub use engine_cache::EngineCache;
 pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
 pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,

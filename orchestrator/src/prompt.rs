@@ -47,7 +47,20 @@
 //!
 //! Completion prompt (`/v1/completions`): 0x1C (file separator) followed by the text.
 //! It counts as an item like a message, so 0x1E also separates a prompt from whatever
-//! item precedes or follows it, should a caller mix the two.
+//! item precedes or follows it, should a caller mix the two. A prompt given as token
+//! ids is 0x1C followed by each id as 8 little-endian bytes
+//! ([`PromptHasher::feed_token_id`]).
+//!
+//! # Token mode
+//!
+//! The gateway's token mode (`routing.hashing = "tokens"`) hashes token ids instead of
+//! bytes, from this very canonical stream: with [`PromptHasher::set_recording`] on, the
+//! hasher also keeps the bytes it was fed ([`PromptHasher::canonical`]) and the token
+//! ids of a token-id prompt ([`PromptHasher::given_token_ids`]); the gateway tokenizes
+//! the former and feeds the ids to a second hasher built by
+//! [`PromptHasher::for_tokens`], through [`PromptHasher::feed_token_ids`] (each id as
+//! 4 little-endian bytes, so a block is exactly `block_tokens` ids), seeded with this
+//! hasher's [`seed`](PromptHasher::seed). One rendering, two units of blocking.
 
 use std::num::NonZeroUsize;
 
@@ -59,6 +72,9 @@ const PART_START: u8 = 0x1D;
 const COMPLETION_START: u8 = 0x1C;
 const TOOLS_START: u8 = 0x1B;
 const TOOL_CALL_START: u8 = 0x1A;
+
+/// Bytes per token id in a token-mode block ([`PromptHasher::feed_token_ids`]).
+pub const TOKEN_ID_BYTES: usize = 4;
 
 /// Seed of a prompt's hash chain: prompts for different models never share blocks.
 pub fn model_seed(model: &str) -> u64 {
@@ -76,6 +92,10 @@ pub struct PromptHasher {
     blocks: Vec<u64>,
     bytes_fed: u64,
     item_open: bool,
+    /// Token mode: also keep the canonical stream and any given token ids.
+    recording: bool,
+    canonical: Vec<u8>,
+    given_ids: Vec<u32>,
 }
 
 // === impl PromptHasher ===
@@ -90,7 +110,20 @@ impl PromptHasher {
             blocks: Vec::new(),
             bytes_fed: 0,
             item_open: false,
+            recording: false,
+            canonical: Vec::new(),
+            given_ids: Vec::new(),
         }
+    }
+
+    /// A hasher of token ids in blocks of `block_tokens` ids (token mode): feed it
+    /// with [`feed_token_ids`](Self::feed_token_ids) only.
+    pub fn for_tokens(block_tokens: NonZeroUsize) -> Self {
+        Self::new(
+            block_tokens.saturating_mul(
+                NonZeroUsize::new(TOKEN_ID_BYTES).expect("TOKEN_ID_BYTES is not zero"),
+            ),
+        )
     }
 
     /// Starts a new prompt whose chain begins at `seed`; keeps allocations.
@@ -100,12 +133,38 @@ impl PromptHasher {
         self.blocks.clear();
         self.bytes_fed = 0;
         self.item_open = false;
+        self.canonical.clear();
+        self.given_ids.clear();
+    }
+
+    /// Token mode: from now on also keep the canonical bytes fed (see the module docs).
+    pub fn set_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// The canonical stream fed since the last reset, when recording (else empty).
+    pub fn canonical(&self) -> &[u8] {
+        &self.canonical
+    }
+
+    /// The ids of a token-id completion prompt fed since the last reset, when
+    /// recording: the engine sees exactly these, so token mode hashes them as given.
+    pub fn given_token_ids(&self) -> &[u32] {
+        &self.given_ids
+    }
+
+    /// The seed the current chain began at.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Appends raw canonical bytes. Full blocks are hashed straight from `bytes`;
     /// only the tail of a block is copied.
     pub fn feed(&mut self, mut bytes: &[u8]) {
         self.bytes_fed += bytes.len() as u64;
+        if self.recording {
+            self.canonical.extend_from_slice(bytes);
+        }
         if !self.pending.is_empty() {
             let take = (self.block_bytes - self.pending.len()).min(bytes.len());
             self.pending.extend_from_slice(&bytes[..take]);
@@ -146,7 +205,6 @@ impl PromptHasher {
         self.feed(text.as_bytes());
     }
 
-    /// Feeds a `/v1/completions` prompt.
     /// Starts the tool-definitions item; feed the definitions next with [`Self::feed`].
     pub fn feed_tools_start(&mut self) {
         self.begin_item();
@@ -161,10 +219,32 @@ impl PromptHasher {
         self.feed(arguments.as_bytes());
     }
 
+    /// Feeds a `/v1/completions` prompt.
     pub fn feed_prompt(&mut self, text: &str) {
         self.begin_item();
         self.feed(&[COMPLETION_START]);
         self.feed(text.as_bytes());
+    }
+
+    /// One id of a completion prompt given as token ids (after `feed_prompt("")`).
+    pub fn feed_token_id(&mut self, id: u64) {
+        self.feed(&id.to_le_bytes());
+        if self.recording {
+            self.given_ids.push(id as u32);
+        }
+    }
+
+    /// Token mode: appends token ids, each as [`TOKEN_ID_BYTES`] little-endian bytes,
+    /// so with [`for_tokens`](Self::for_tokens) a block holds exactly `block_tokens`
+    /// ids. Converts through a stack buffer: no allocation.
+    pub fn feed_token_ids(&mut self, ids: &[u32]) {
+        let mut buf = [0u8; 64 * TOKEN_ID_BYTES];
+        for chunk in ids.chunks(64) {
+            for (dst, id) in buf.chunks_exact_mut(TOKEN_ID_BYTES).zip(chunk) {
+                dst.copy_from_slice(&id.to_le_bytes());
+            }
+            self.feed(&buf[..chunk.len() * TOKEN_ID_BYTES]);
+        }
     }
 
     /// Chained hashes of the complete blocks fed so far.

@@ -2,51 +2,14 @@
 //! [`PrefixMatch`] is sized, `match_prefix` must not touch the allocator. A counting
 //! global allocator (per thread, so parallel tests do not interfere) checks it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use radixgate_orchestrator::{IndexConfig, PrefixIndex, PrefixMatch};
 
-struct Counting;
+mod support;
 
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call unchanged to the system allocator; the counter is a
-// const-initialised thread-local `Cell`, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use support::{allocations_during, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn allocations_during(f: impl FnOnce()) -> u64 {
-    let before = ALLOCS.with(Cell::get);
-    f();
-    ALLOCS.with(Cell::get) - before
-}
-
-#[test]
-fn the_counter_sees_allocations() {
-    assert!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 10]))) > 0);
-}
 
 /// A chain of `len` blocks whose first `shared` are common to every prompt with the
 /// same `system` id.

@@ -1,7 +1,6 @@
 //! The simulated engine's request handling: vLLM's endpoints, the batch and queue,
 //! and the OpenAI response shapes (plain JSON and SSE) with `cached_tokens`.
 
-use super::cache::PrefixCache;
 use super::{EngineConfig, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
@@ -11,7 +10,7 @@ use crate::openai::{BodyParser, Endpoint, ModelTable, RequestFacts};
 use crate::server::Utf8Vec;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::{TcpListener, TcpStream};
-use radixgate_orchestrator::PromptHasher;
+use radixgate_orchestrator::{EngineCache, PromptHasher};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -36,7 +35,7 @@ struct Counters {
 pub struct Engine {
     config: EngineConfig,
     models: ModelTable,
-    cache: RefCell<PrefixCache>,
+    cache: RefCell<EngineCache>,
     parser: RefCell<BodyParser>,
     hasher: RefCell<PromptHasher>,
     rng: RefCell<fastrand::Rng>,
@@ -76,7 +75,7 @@ impl Engine {
             .unwrap_or(NonZeroUsize::MIN);
         Rc::new(Engine {
             models: ModelTable::new(vec![config.model.clone()]),
-            cache: RefCell::new(PrefixCache::new(config.cache_blocks)),
+            cache: RefCell::new(EngineCache::new(config.cache_blocks)),
             parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(PromptHasher::new(block_bytes)),
             rng: RefCell::new(fastrand::Rng::with_seed(config.seed)),

@@ -12,7 +12,6 @@
 //! orchestrator's `PromptHasher`) at 4 bytes per token, cut into blocks of
 //! `block_tokens` tokens.
 
-mod cache;
 mod handler;
 
 use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
@@ -21,7 +20,7 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use cache::PrefixCache;
+pub use radixgate_orchestrator::EngineCache;
 
 /// Bytes of canonical prompt per simulated token.
 pub const BYTES_PER_TOKEN: usize = 4;

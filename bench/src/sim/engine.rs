@@ -15,63 +15,8 @@
 //! limit.) Decoding then takes a fixed time, overlapped with other
 //! requests (an unbounded decode batch), before the request completes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-
-// === impl EngineCache ===
-
-/// LRU over block hashes, `capacity` blocks.
-#[derive(Clone, Debug)]
-pub struct EngineCache {
-    capacity: usize,
-    tick: u64,
-    last_used: HashMap<u64, u64>,
-    by_age: BTreeMap<u64, u64>,
-}
-
-impl EngineCache {
-    pub fn new(capacity: usize) -> Self {
-        EngineCache {
-            capacity,
-            tick: 0,
-            last_used: HashMap::new(),
-            by_age: BTreeMap::new(),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.last_used.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.last_used.is_empty()
-    }
-
-    /// Leading blocks of `blocks` resident.
-    pub fn matched(&self, blocks: &[u64]) -> usize {
-        blocks
-            .iter()
-            .take_while(|b| self.last_used.contains_key(b))
-            .count()
-    }
-
-    /// Makes every block of `blocks` the most recently used, the first block most of
-    /// all, then evicts the least recently used beyond capacity.
-    pub fn touch(&mut self, blocks: &[u64]) {
-        for &b in blocks.iter().rev() {
-            self.tick += 1;
-            if let Some(old) = self.last_used.insert(b, self.tick) {
-                self.by_age.remove(&old);
-            }
-            self.by_age.insert(self.tick, b);
-        }
-        while self.last_used.len() > self.capacity {
-            let Some((_, victim)) = self.by_age.pop_first() else {
-                break;
-            };
-            self.last_used.remove(&victim);
-        }
-    }
-}
+pub use radixgate_orchestrator::EngineCache;
+use std::collections::VecDeque;
 
 // === impl Engine ===
 

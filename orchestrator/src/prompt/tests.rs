@@ -271,3 +271,79 @@ fn tools_and_tool_calls_are_canonical() {
         }),
     );
 }
+
+fn token_blocks(block_tokens: usize, seed: u64, ids: &[u32]) -> Vec<u64> {
+    let mut h = PromptHasher::for_tokens(NonZeroUsize::new(block_tokens).unwrap());
+    h.reset(seed);
+    h.feed_token_ids(ids);
+    h.blocks().to_vec()
+}
+
+#[test]
+fn token_blocks_count_whole_blocks_of_ids() {
+    let ids: Vec<u32> = (0..203).map(|i| i * 7919 % 50_000).collect();
+    for block_tokens in [1, 4, 16, 64, 128] {
+        let blocks = token_blocks(block_tokens, 3, &ids);
+        assert_eq!(
+            blocks.len(),
+            ids.len() / block_tokens,
+            "block_tokens {block_tokens}"
+        );
+    }
+    // Each block is its ids' little-endian u32 bytes, chained like byte blocks.
+    let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    assert_eq!(token_blocks(16, 3, &ids), reference(64, 3, &bytes));
+    // More than one stack buffer's worth, fed in odd pieces: the same chain.
+    let mut h = PromptHasher::for_tokens(NonZeroUsize::new(16).unwrap());
+    h.reset(3);
+    for piece in ids.chunks(37) {
+        h.feed_token_ids(piece);
+    }
+    assert_eq!(h.blocks(), &token_blocks(16, 3, &ids)[..]);
+}
+
+#[test]
+fn token_blocks_share_a_shared_prefix() {
+    let prefix: Vec<u32> = (0..100).collect();
+    let a: Vec<u32> = prefix
+        .iter()
+        .copied()
+        .chain([1, 2, 3, 4, 5, 6, 7, 8])
+        .collect();
+    let b: Vec<u32> = prefix
+        .iter()
+        .copied()
+        .chain([9, 9, 9, 9, 9, 9, 9, 9])
+        .collect();
+    let (ba, bb) = (token_blocks(16, 5, &a), token_blocks(16, 5, &b));
+    // 100 shared ids = 6 whole blocks of 16; block 6 (ids 96..112) differs.
+    assert_eq!(ba[..6], bb[..6]);
+    assert_ne!(ba[6], bb[6]);
+    assert_ne!(token_blocks(16, 6, &a)[0], ba[0], "seeded like byte blocks");
+}
+
+#[test]
+fn recording_keeps_the_canonical_stream_and_given_ids() {
+    let mut plain = hasher(8, 1);
+    let mut rec = hasher(8, 1);
+    rec.set_recording(true);
+    for h in [&mut plain, &mut rec] {
+        h.feed_message("system", None, "be brief");
+        h.feed_message("user", Some("ann"), "hi");
+    }
+    assert_eq!(plain.blocks(), rec.blocks(), "recording changes no hash");
+    assert!(plain.canonical().is_empty());
+    assert_eq!(
+        rec.canonical(),
+        b"system\x1f\x1dbe brief\x1euser\x1fann\x1f\x1dhi"
+    );
+    assert_eq!(rec.seed(), 1);
+    rec.reset(2);
+    assert!(rec.canonical().is_empty());
+    rec.feed_prompt("");
+    for id in [5, 6, 7] {
+        rec.feed_token_id(id);
+    }
+    assert_eq!(rec.given_token_ids(), &[5, 6, 7]);
+    assert_eq!(rec.bytes_fed(), 1 + 3 * 8, "ids still hash as 8-byte words");
+}

@@ -1,21 +1,28 @@
-//! The simulated engine's prefix cache: an LRU over chained prompt-block hashes,
-//! sized in blocks like vLLM's KV cache.
+//! A model of an engine's prefix cache: an LRU over the same chained block hashes the
+//! router indexes, sized in blocks like vLLM's KV cache.
 //!
-//! A prompt hits on its longest run of leading blocks that are all resident (as
-//! vLLM's prefix caching does: a block only counts if every block before it does).
+//! It is the ground truth both simulators measure routing against: the gateway's
+//! simulated engine (`radixgate engine-sim`) and `radixgate-bench sim`. A request's
+//! cached prefix is the leading run of its blocks present (a block only counts if
+//! every block before it does, as in vLLM's prefix caching); then all its blocks are
+//! touched, last block first, so within one prompt the tail is evicted before the
+//! head, as vLLM frees a sequence's blocks tail first. Not a routing decision, but
+//! kept here, beside the index it is compared with, so both simulators share it.
 
 use std::collections::{BTreeMap, HashMap};
 
-pub struct PrefixCache {
+/// LRU over block hashes, `capacity` blocks.
+#[derive(Clone, Debug)]
+pub struct EngineCache {
     capacity: usize,
     tick: u64,
     last_used: HashMap<u64, u64>,
     by_age: BTreeMap<u64, u64>,
 }
 
-impl PrefixCache {
+impl EngineCache {
     pub fn new(capacity: usize) -> Self {
-        Self {
+        EngineCache {
             capacity,
             tick: 0,
             last_used: HashMap::new(),
@@ -35,7 +42,7 @@ impl PrefixCache {
         self.capacity
     }
 
-    /// Leading blocks of `blocks` already cached.
+    /// Leading blocks of `blocks` resident.
     pub fn matched(&self, blocks: &[u64]) -> usize {
         blocks
             .iter()
@@ -43,10 +50,8 @@ impl PrefixCache {
             .count()
     }
 
-    /// Marks every block as used now, inserting missing ones and evicting the least
-    /// recently used beyond capacity. Blocks are touched last to first, so within one
-    /// prompt the tail is older than the head and is evicted first (as vLLM frees a
-    /// sequence's blocks tail first): a partly evicted prompt keeps a usable prefix.
+    /// Makes every block of `blocks` the most recently used, the first block most of
+    /// all, then evicts the least recently used beyond capacity.
     pub fn touch(&mut self, blocks: &[u64]) {
         for &b in blocks.iter().rev() {
             self.tick += 1;
@@ -70,7 +75,7 @@ mod tests {
 
     #[test]
     fn lru_prefix_hits() {
-        let mut c = PrefixCache::new(3);
+        let mut c = EngineCache::new(3);
         c.touch(&[1, 2]);
         assert_eq!(c.matched(&[1, 2, 3]), 2);
         assert_eq!(c.matched(&[2, 1]), 2);
