@@ -184,7 +184,15 @@ fn least_loaded_avoids_the_busy_backend(io: &str) {
         .1
         .clone();
     // ...then every short request, on any shard, goes to the other one.
+    let other = if first == "busy" { "idle" } else { "busy" };
     for _ in 0..6 {
+        // The previous short request's slot is released just after its response went
+        // out; wait for that, so only the long stream counts.
+        let settled = eventually(Duration::from_secs(5), || {
+            let m = Client::connect(addr).get("/metrics").text();
+            metric(&m, &format!("radixgate_backend_in_flight{{backend=\"{other}\"}}")) == Some(0.0)
+        });
+        assert!(settled);
         let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("short", false), &[]);
         assert_ne!(
             r.header("x-router-backend").unwrap(),
