@@ -190,7 +190,10 @@ fn least_loaded_avoids_the_busy_backend(io: &str) {
         // out; wait for that, so only the long stream counts.
         let settled = eventually(Duration::from_secs(5), || {
             let m = Client::connect(addr).get("/metrics").text();
-            metric(&m, &format!("radixgate_backend_in_flight{{backend=\"{other}\"}}")) == Some(0.0)
+            metric(
+                &m,
+                &format!("radixgate_backend_in_flight{{backend=\"{other}\"}}"),
+            ) == Some(0.0)
         });
         assert!(settled);
         let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("short", false), &[]);
