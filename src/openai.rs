@@ -343,13 +343,13 @@ fn feed_prompt(value: &BorrowedValue<'_>, hasher: &mut PromptHasher) -> Result<(
         v if v.as_u64().is_some() => {
             hasher.feed_prompt("");
             for t in items {
-                hasher.feed(&t.as_u64().ok_or_else(bad)?.to_le_bytes());
+                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
             }
         }
         v if v.as_array().is_some() => {
             hasher.feed_prompt("");
             for t in v.as_array().into_iter().flatten() {
-                hasher.feed(&t.as_u64().ok_or_else(bad)?.to_le_bytes());
+                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
             }
         }
         _ => return Err(bad()),

@@ -8,7 +8,7 @@
 //! The coordinator reaches a shard through its command channel: new fleet snapshots,
 //! metric collection, shutdown.
 
-use crate::config::Config;
+use crate::config::{Config, Hashing};
 use crate::fleet::{FleetSnapshot, InFlight};
 use crate::metrics::ShardMetrics;
 use crate::open_conns::OpenConnections;
@@ -16,11 +16,12 @@ use crate::openai::{BodyParser, ModelTable};
 use crate::pool::UpstreamPool;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
 use crate::tenants::{Bucket, KeyTable, Tenant};
+use crate::token_mode::TokenHasher;
 use radixgate_orchestrator::{
     build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
     PromptHasher, RetryBudget,
 };
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -165,7 +166,11 @@ pub struct Shard {
     pub pool: RefCell<UpstreamPool>,
     pub metrics: RefCell<ShardMetrics>,
     pub parser: RefCell<BodyParser>,
+    /// The canonical prompt's hasher (bytes mode's blocks; records the stream in
+    /// tokens mode).
     pub hasher: RefCell<PromptHasher>,
+    /// Tokens mode only: the token-id blocks that replace the byte blocks.
+    pub tokens: Option<RefCell<TokenHasher>>,
     pub candidates: RefCell<Vec<Candidate>>,
     /// This shard's replica of the prefix index.
     pub index: RefCell<PrefixIndex>,
@@ -192,6 +197,21 @@ pub struct Shard {
 impl Shard {
     pub fn new(id: usize, shared: Arc<Shared>, fleet: Arc<FleetSnapshot>) -> Rc<Shard> {
         let c = &shared.config;
+        let mut hasher = PromptHasher::new(c.routing.block_bytes);
+        let tokens = match &c.routing.hashing {
+            Hashing::Bytes => None,
+            Hashing::Tokens {
+                tokenizer,
+                block_tokens,
+                ..
+            } => {
+                hasher.set_recording(true);
+                Some(RefCell::new(TokenHasher::new(
+                    tokenizer.clone(),
+                    *block_tokens,
+                )))
+            }
+        };
         Rc::new(Shard {
             id,
             fleet: RefCell::new(fleet),
@@ -207,7 +227,8 @@ impl Shard {
                 c.backends.len(),
             )),
             parser: RefCell::new(BodyParser::default()),
-            hasher: RefCell::new(PromptHasher::new(c.routing.block_bytes)),
+            hasher: RefCell::new(hasher),
+            tokens,
             candidates: RefCell::new(Vec::with_capacity(c.backends.len())),
             index: RefCell::new(crate::coordinator::new_index(&shared)),
             matches: RefCell::new(PrefixMatch::default()),
@@ -229,6 +250,15 @@ impl Shard {
             draining: Cell::new(false),
             shared,
         })
+    }
+
+    /// The current prompt's blocks for the index: token-id blocks in tokens mode,
+    /// canonical-byte blocks otherwise.
+    pub fn prompt_blocks(&self) -> Ref<'_, [u64]> {
+        match &self.tokens {
+            Some(t) => Ref::map(t.borrow(), |t| t.blocks()),
+            None => Ref::map(self.hasher.borrow(), |h| h.blocks()),
+        }
     }
 
     /// Hands a request's record to the log thread (never blocks, never writes here).

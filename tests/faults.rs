@@ -108,11 +108,13 @@ fn storm_of_503_opens_breaker_then_recovers(io: &str) {
         Some(2.0),
         "{m}"
     );
-    // Only the failures before the breaker opened reached the bad backend.
-    assert_eq!(
-        metric(&m, "radixgate_retries_total{backend=\"bad\"}"),
-        Some(3.0),
-        "{m}"
+    // Only the failures before the breaker opened reached the bad backend: the
+    // threshold's 3, plus at most a request or two routed while the coordinator's
+    // "open" snapshot was on its way to the shard.
+    let failures = metric(&m, "radixgate_retries_total{backend=\"bad\"}").unwrap();
+    assert!(
+        (3.0..=5.0).contains(&failures),
+        "{failures} failures reached it:\n{m}"
     );
 
     // The backend comes back (same address); after open_ms a probe closes the breaker.

@@ -55,12 +55,13 @@
 //!
 //! The gateway's token mode (`routing.hashing = "tokens"`) hashes token ids instead of
 //! bytes, from this very canonical stream: with [`PromptHasher::set_recording`] on, the
-//! hasher also keeps the bytes it was fed ([`PromptHasher::canonical`]) and the token
-//! ids of a token-id prompt ([`PromptHasher::given_token_ids`]); the gateway tokenizes
-//! the former and feeds the ids to a second hasher built by
-//! [`PromptHasher::for_tokens`], through [`PromptHasher::feed_token_ids`] (each id as
-//! 4 little-endian bytes, so a block is exactly `block_tokens` ids), seeded with this
-//! hasher's [`seed`](PromptHasher::seed). One rendering, two units of blocking.
+//! hasher also keeps the bytes it was fed ([`PromptHasher::canonical`], by item:
+//! [`PromptHasher::canonical_items`]) and the token ids of a token-id prompt
+//! ([`PromptHasher::given_token_ids`]); the gateway tokenizes the former item by item
+//! and feeds the ids to a second hasher built by [`PromptHasher::for_tokens`], through
+//! [`PromptHasher::feed_token_ids`] (each id as 4 little-endian bytes, so a block is
+//! exactly `block_tokens` ids), seeded with this hasher's
+//! [`seed`](PromptHasher::seed). One rendering, two units of blocking.
 
 use std::num::NonZeroUsize;
 
@@ -95,6 +96,9 @@ pub struct PromptHasher {
     /// Token mode: also keep the canonical stream and any given token ids.
     recording: bool,
     canonical: Vec<u8>,
+    /// Offsets in `canonical` where each item (message, tools, prompt) begins, its
+    /// leading 0x1E included.
+    item_starts: Vec<usize>,
     given_ids: Vec<u32>,
 }
 
@@ -112,6 +116,7 @@ impl PromptHasher {
             item_open: false,
             recording: false,
             canonical: Vec::new(),
+            item_starts: Vec::new(),
             given_ids: Vec::new(),
         }
     }
@@ -134,6 +139,7 @@ impl PromptHasher {
         self.bytes_fed = 0;
         self.item_open = false;
         self.canonical.clear();
+        self.item_starts.clear();
         self.given_ids.clear();
     }
 
@@ -145,6 +151,32 @@ impl PromptHasher {
     /// The canonical stream fed since the last reset, when recording (else empty).
     pub fn canonical(&self) -> &[u8] {
         &self.canonical
+    }
+
+    /// The recorded canonical stream cut before each item (tools, message, prompt):
+    /// every item but the first starts with its 0x1E separator. Bytes fed before the
+    /// first item form an item of their own. Concatenated, they are [`Self::canonical`].
+    pub fn canonical_items(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let head = match self.item_starts.first() {
+            Some(&0) => None,
+            Some(&start) => Some(0..start),
+            None => (!self.canonical.is_empty()).then_some(0..self.canonical.len()),
+        };
+        let ends = self
+            .item_starts
+            .iter()
+            .skip(1)
+            .copied()
+            .chain(std::iter::once(self.canonical.len()));
+        let items = self
+            .item_starts
+            .iter()
+            .copied()
+            .zip(ends)
+            .map(|(a, b)| a..b);
+        head.into_iter()
+            .chain(items)
+            .map(move |range| &self.canonical[range])
     }
 
     /// The ids of a token-id completion prompt fed since the last reset, when
@@ -272,6 +304,9 @@ impl PromptHasher {
     }
 
     fn begin_item(&mut self) {
+        if self.recording {
+            self.item_starts.push(self.canonical.len());
+        }
         if self.item_open {
             self.feed(&[MESSAGE_SEP]);
         }

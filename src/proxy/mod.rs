@@ -67,11 +67,29 @@ pub async fn forward(
         (true, Some(t)) => shared.tenants[t].seed,
         _ => 0,
     };
-    let (facts, prompt_bytes) = {
+    let (facts, prompt_tokens) = {
         let mut parser = shard.parser.borrow_mut();
         let mut hasher = shard.hasher.borrow_mut();
-        let facts = parser.parse(endpoint, body, &shared.models, &mut hasher, seed_mix)?;
-        (facts, hasher.bytes_fed())
+        let mut facts = parser.parse(endpoint, body, &shared.models, &mut hasher, seed_mix)?;
+        match &shard.tokens {
+            // Token mode: the token-id blocks replace the byte blocks (and the
+            // affinity key); the prompt's size is known exactly.
+            Some(tokens) => {
+                let mut tokens = tokens.borrow_mut();
+                if let Err(e) = tokens.hash(&hasher) {
+                    tracing::debug!(error = %e, "tokenizer failed; routing by load");
+                }
+                facts.affinity_key = tokens.affinity_key();
+                (facts, tokens.tokens() as u64)
+            }
+            None => {
+                let bytes = hasher.bytes_fed() as f64;
+                (
+                    facts,
+                    (bytes / shared.config.routing.bytes_per_token) as u64,
+                )
+            }
+        }
     };
     if isolated && tenant.is_some() && facts.has_cache_salt {
         return Err(GatewayError::invalid_param(
@@ -84,8 +102,7 @@ pub async fn forward(
     let admission = match tenant.map(|t| &shared.tenants[t]) {
         None => None,
         Some(t) => {
-            let estimate = (prompt_bytes as f64 / shared.config.routing.bytes_per_token) as u64
-                + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
+            let estimate = prompt_tokens + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
             match t.admit(estimate, now) {
                 Ok(a) => Some(a),
                 Err(throttle) => {

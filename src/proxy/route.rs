@@ -86,8 +86,8 @@ pub(super) fn route(
 ) -> Result<Route, GatewayError> {
     let shared = &shard.shared;
     let now_ms = shared.now_ms();
-    let hasher = shard.hasher.borrow();
-    let blocks = hasher.blocks();
+    let blocks = shard.prompt_blocks();
+    let blocks = &*blocks;
     let mut matches = shard.matches.borrow_mut();
     shard.index.borrow().match_prefix(blocks, &mut matches);
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));

@@ -305,18 +305,11 @@ fn token_blocks_count_whole_blocks_of_ids() {
 #[test]
 fn token_blocks_share_a_shared_prefix() {
     let prefix: Vec<u32> = (0..100).collect();
-    let a: Vec<u32> = prefix
-        .iter()
-        .copied()
-        .chain([1, 2, 3, 4, 5, 6, 7, 8])
-        .collect();
-    let b: Vec<u32> = prefix
-        .iter()
-        .copied()
-        .chain([9, 9, 9, 9, 9, 9, 9, 9])
-        .collect();
+    let a: Vec<u32> = prefix.iter().copied().chain(1..17).collect();
+    let b: Vec<u32> = prefix.iter().copied().chain([9; 16]).collect();
     let (ba, bb) = (token_blocks(16, 5, &a), token_blocks(16, 5, &b));
     // 100 shared ids = 6 whole blocks of 16; block 6 (ids 96..112) differs.
+    assert_eq!((ba.len(), bb.len()), (7, 7));
     assert_eq!(ba[..6], bb[..6]);
     assert_ne!(ba[6], bb[6]);
     assert_ne!(token_blocks(16, 6, &a)[0], ba[0], "seeded like byte blocks");
@@ -337,6 +330,14 @@ fn recording_keeps_the_canonical_stream_and_given_ids() {
         rec.canonical(),
         b"system\x1f\x1dbe brief\x1euser\x1fann\x1f\x1dhi"
     );
+    let items: Vec<&[u8]> = rec.canonical_items().collect();
+    assert_eq!(
+        items,
+        [
+            &b"system\x1f\x1dbe brief"[..],
+            &b"\x1euser\x1fann\x1f\x1dhi"[..]
+        ]
+    );
     assert_eq!(rec.seed(), 1);
     rec.reset(2);
     assert!(rec.canonical().is_empty());
@@ -346,4 +347,15 @@ fn recording_keeps_the_canonical_stream_and_given_ids() {
     }
     assert_eq!(rec.given_token_ids(), &[5, 6, 7]);
     assert_eq!(rec.bytes_fed(), 1 + 3 * 8, "ids still hash as 8-byte words");
+    rec.reset(3);
+    rec.feed(b"raw");
+    rec.feed_prompt("p");
+    let items: Vec<&[u8]> = rec.canonical_items().collect();
+    assert_eq!(items, [&b"raw"[..], &b"\x1cp"[..]]);
+    rec.reset(3);
+    rec.feed(b"only raw");
+    assert_eq!(
+        rec.canonical_items().collect::<Vec<_>>(),
+        [&b"only raw"[..]]
+    );
 }
