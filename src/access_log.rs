@@ -53,6 +53,36 @@ pub struct AccessRecord {
     pub retries: u32,
 }
 
+impl AccessRecord {
+    /// A request the gateway answered itself with an error, before any backend.
+    pub fn refused(
+        shard: usize,
+        request_id: &str,
+        trace_id: u128,
+        tenant: Option<usize>,
+        error: &crate::error::GatewayError,
+        total_us: u64,
+    ) -> Self {
+        Self {
+            shard,
+            request_id: InlineId::new(request_id),
+            trace_id,
+            tenant,
+            model: None,
+            policy: "",
+            backend: None,
+            reason: error.code(),
+            matched_blocks: 0,
+            cached_tokens: None,
+            prompt_tokens: None,
+            status: error.status(),
+            ttft_us: None,
+            total_us,
+            retries: 0,
+        }
+    }
+}
+
 /// Runs the log thread until every sender is gone. `models` and `backends` are
 /// the names behind the records' indices.
 pub fn run(

@@ -7,7 +7,7 @@
 //! response (and the connection is closed if its framing can no longer be trusted);
 //! nothing a client sends can panic the shard or touch another connection.
 
-use crate::access_log::{AccessRecord, InlineId};
+use crate::access_log::AccessRecord;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
 use crate::http::request::Method;
@@ -191,23 +191,14 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
                 (ErrorKind::MethodNotAllowed, _) => b"Allow: GET\r\n",
                 _ => b"",
             };
-            shard.log_access(AccessRecord {
-                shard: shard.id,
-                request_id: InlineId::new(&request_id),
-                trace_id: conn.head.trace_id,
-                tenant: None,
-                model: None,
-                policy: "",
-                backend: None,
-                reason: e.code(),
-                matched_blocks: 0,
-                cached_tokens: None,
-                prompt_tokens: None,
-                status: e.status(),
-                ttft_us: None,
-                total_us: started.elapsed().as_micros() as u64,
-                retries: 0,
-            });
+            shard.log_access(AccessRecord::refused(
+                shard.id,
+                &request_id,
+                conn.head.trace_id,
+                None,
+                &e,
+                started.elapsed().as_micros() as u64,
+            ));
             respond_error(
                 shard,
                 &mut conn.stream,

@@ -204,23 +204,14 @@ async fn answer_throttle(
         throttle.retry_after_secs()
     );
     tenant.rate_limit_headers(now, &mut extra);
-    shard.log_access(AccessRecord {
-        shard: shard.id,
-        request_id: InlineId::new(request_id),
-        trace_id: head.trace_id,
-        tenant: tenant_idx,
-        model: None,
-        policy: "",
-        backend: None,
-        reason: e.code(),
-        matched_blocks: 0,
-        cached_tokens: None,
-        prompt_tokens: None,
-        status: 429,
-        ttft_us: None,
-        total_us: 0,
-        retries: 0,
-    });
+    shard.log_access(AccessRecord::refused(
+        shard.id,
+        request_id,
+        head.trace_id,
+        tenant_idx,
+        &e,
+        0,
+    ));
     shard
         .metrics
         .borrow_mut()
