@@ -226,7 +226,7 @@ impl Shard {
                 shared.models.names().len(),
                 c.backends.len(),
             )),
-            parser: RefCell::new(BodyParser::default()),
+            parser: RefCell::new(BodyParser),
             hasher: RefCell::new(hasher),
             tokens,
             candidates: RefCell::new(Vec::with_capacity(c.backends.len())),

@@ -216,7 +216,7 @@ pub(crate) mod tests {
         let models = ModelTable::new(vec!["m".into()]);
         let mut canonical = PromptHasher::new(NonZeroUsize::new(64).unwrap());
         canonical.set_recording(true);
-        BodyParser::default()
+        BodyParser
             .parse(endpoint, body.as_bytes(), &models, &mut canonical, 0)
             .unwrap();
         t.hash(&canonical).unwrap();

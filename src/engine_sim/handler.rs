@@ -76,7 +76,7 @@ impl Engine {
         Rc::new(Engine {
             models: ModelTable::new(vec![config.model.clone()]),
             cache: RefCell::new(EngineCache::new(config.cache_blocks)),
-            parser: RefCell::new(BodyParser::default()),
+            parser: RefCell::new(BodyParser),
             hasher: RefCell::new(PromptHasher::new(block_bytes)),
             rng: RefCell::new(fastrand::Rng::with_seed(config.seed)),
             running: Cell::new(0),
