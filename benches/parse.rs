@@ -41,8 +41,6 @@
 //! `-C target-cpu=native` or matching `-C target-feature`); simd-json detects at run
 //! time. Run it both ways to compare fairly.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::hint::black_box;
 use std::num::NonZeroUsize;
 
@@ -54,34 +52,12 @@ use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 use std::sync::Arc;
 use tokenizers::Tokenizer;
 
-// === counting allocator ===
+// === counting allocator (shared with the orchestrator's no-allocation tests) ===
 
-struct Counting;
+#[path = "../orchestrator/tests/support/mod.rs"]
+mod support;
 
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call unchanged to the system allocator; the counter is a
-// const-initialised thread-local `Cell`, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use support::{allocations_during, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -411,11 +387,11 @@ fn main() {
             for _ in 0..10 {
                 run();
             }
-            let before = ALLOCS.with(Cell::get);
-            for _ in 0..RUNS {
-                run();
-            }
-            *n = ALLOCS.with(Cell::get) - before;
+            *n = allocations_during(|| {
+                for _ in 0..RUNS {
+                    run();
+                }
+            });
         }
         println!(
             "| {kb} KB | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
