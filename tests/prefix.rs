@@ -22,22 +22,12 @@ fn fleet(
     shards: usize,
     extra: &str,
 ) -> (Vec<radixgate::engine_sim::EngineHandle>, radixgate::Gateway) {
-    let engines: Vec<_> = (0..n)
-        .map(|_| start_engine(io, EngineConfig::instant("sim")))
-        .collect();
-    let ids = ["e0", "e1", "e2", "e3"];
-    let backends: Vec<_> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (ids[i], e.url(), "sim"))
-        .collect();
-    let gw = start_gateway(
+    instant_fleet(
         io,
+        n,
         shards,
         &format!("[routing]\npolicy = \"prefix_aware\"\n{extra}"),
-        &backends,
-    );
-    (engines, gw)
+    )
 }
 
 fn replicas_converge_across_shards(io: &str) {

@@ -105,19 +105,11 @@ fn bad_clients_do_not_disturb_a_stream(io: &str) {
 both_drivers!(bad_clients_do_not_disturb_a_stream);
 
 fn round_robin_spreads_and_consistent_hash_sticks(io: &str) {
-    let engines: Vec<_> = (0..3)
-        .map(|_| start_engine(io, EngineConfig::instant("sim")))
-        .collect();
-    let backends: Vec<_> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (["e0", "e1", "e2"][i], e.url(), "sim"))
-        .collect();
-    let gw = start_gateway(
+    let (_engines, gw) = instant_fleet(
         io,
+        3,
         1,
         "[routing]\npolicy = \"round_robin\"\nallow_policy_header = true",
-        &backends,
     );
     let mut c = Client::connect(gw.local_addr());
     let mut seen = std::collections::HashSet::new();

@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use radixgate::engine_sim::EngineConfig;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -64,22 +63,14 @@ fn match_blocks(r: &Response) -> usize {
 
 fn shared_prefix_matches_in_token_blocks(io: &str) {
     let (tokenizer, path) = tokenizer_file(io);
-    let engines: Vec<_> = (0..3)
-        .map(|_| start_engine(io, EngineConfig::instant("sim")))
-        .collect();
-    let backends: Vec<_> = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (["e0", "e1", "e2"][i], e.url(), "sim"))
-        .collect();
-    let gw = start_gateway(
+    let (_engines, gw) = instant_fleet(
         io,
+        3,
         1,
         &format!(
             "[routing]\npolicy = \"prefix_aware\"\nhashing = \"tokens\"\ntokenizer = \"{}\"\nblock_tokens = {BLOCK_TOKENS}",
             path.display()
         ),
-        &backends,
     );
     std::fs::remove_file(&path).ok();
     let doc_tokens = tokenizer.encode(doc(3), false).unwrap().get_ids().len();

@@ -385,3 +385,24 @@ pub fn wait_replicated(addr: SocketAddr) {
 pub fn pause(d: Duration) {
     std::thread::sleep(d);
 }
+
+/// `n` simulated engines that answer at once (ids `e0`, `e1`, ...) behind a gateway
+/// with `shards` shards; `extra` as in [`start_gateway`].
+pub fn instant_fleet(
+    io: &str,
+    n: usize,
+    shards: usize,
+    extra: &str,
+) -> (Vec<EngineHandle>, Gateway) {
+    let engines: Vec<_> = (0..n)
+        .map(|_| start_engine(io, EngineConfig::instant("sim")))
+        .collect();
+    let ids: Vec<String> = (0..n).map(|i| format!("e{i}")).collect();
+    let backends: Vec<_> = engines
+        .iter()
+        .zip(&ids)
+        .map(|(e, id)| (id.as_str(), e.url(), "sim"))
+        .collect();
+    let gw = start_gateway(io, shards, extra, &backends);
+    (engines, gw)
+}
