@@ -6,6 +6,7 @@
 //! reports every semantic error at once, each with its key path, so `radixgate
 //! check-config` can list them all.
 
+use crate::chat_template::ChatTemplate;
 use radixgate_orchestrator::PolicyName;
 use serde::Deserialize;
 use std::fmt;
@@ -227,8 +228,11 @@ struct RoutingWire {
     /// required in tokens mode, loaded and checked at config load, unused otherwise.
     tokenizer: Option<String>,
     /// Tokens per block in tokens mode; match the engine's KV block size (vLLM: 16 on
-    /// GPU, 128 on CPU) for engine-sized blocks.
+    /// GPU, 128 on CPU) for engine-sized blocks. In precise mode it must equal it.
     block_tokens: usize,
+    /// Precise mode: the model's chat template (a `.jinja` file or a
+    /// `tokenizer_config.json`); default: the one beside `tokenizer`.
+    chat_template: Option<String>,
     /// consistent_hash: a backend takes at most this factor times the mean load.
     hash_load_factor: f64,
     /// consistent_hash: virtual nodes per backend on the ring.
@@ -255,6 +259,7 @@ impl Default for RoutingWire {
             hashing: "bytes".into(),
             tokenizer: None,
             block_tokens: 16,
+            chat_template: None,
             hash_load_factor: 1.25,
             hash_virtual_nodes: 160,
             bytes_per_token: 4.0,
@@ -368,6 +373,11 @@ struct BackendWire {
     /// forgets this backend's least recently used blocks beyond it.
     #[serde(default = "default_cache_blocks")]
     cache_blocks: usize,
+    /// Precise mode: the ZeroMQ endpoint this engine publishes its KV-cache events to
+    /// (vLLM `--kv-events-config` `endpoint`, e.g. `tcp://127.0.0.1:5557`). The
+    /// gateway binds it and rebuilds this backend's index entries from the events.
+    #[serde(default)]
+    kv_events: Option<String>,
 }
 
 fn default_cache_blocks() -> usize {
@@ -407,6 +417,10 @@ pub enum Hashing {
         tokenizer: Arc<tokenizers::Tokenizer>,
         path: String,
         block_tokens: NonZeroUsize,
+        /// Precise mode: prompts rendered through the engine's chat template, so
+        /// that blocks are the engine's own KV blocks (and KV events can feed the
+        /// index).
+        template: Option<Arc<ChatTemplate>>,
     },
 }
 
@@ -415,11 +429,15 @@ impl fmt::Debug for Hashing {
         match self {
             Hashing::Bytes => f.write_str("Bytes"),
             Hashing::Tokens {
-                path, block_tokens, ..
+                path,
+                block_tokens,
+                template,
+                ..
             } => f
                 .debug_struct("Tokens")
                 .field("tokenizer", path)
                 .field("block_tokens", block_tokens)
+                .field("template", template)
                 .finish(),
         }
     }
@@ -468,6 +486,8 @@ pub struct BackendConfig {
     pub cache_blocks: usize,
     /// `Authorization: Bearer ...` header line for upstream requests, if any.
     pub upstream_auth: Option<String>,
+    /// The KV-event endpoint to bind (precise mode).
+    pub kv_events: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -693,7 +713,13 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if p.saturation_inflight == 0 {
         errors.push("routing.prefix_aware.saturation_inflight: must be at least 1".into());
     }
-    let hashing = validate_hashing(&r.hashing, r.tokenizer, r.block_tokens, errors);
+    let hashing = validate_hashing(
+        &r.hashing,
+        r.tokenizer,
+        r.chat_template,
+        r.block_tokens,
+        errors,
+    );
     let tokens_per_block = match &hashing {
         Hashing::Bytes => block_bytes.get() as f64 / r.bytes_per_token,
         Hashing::Tokens { block_tokens, .. } => block_tokens.get() as f64,
@@ -785,6 +811,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             host,
             models: b.models,
             cache_blocks: b.cache_blocks,
+            kv_events: b.kv_events,
             upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
                 Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
                 Err(_) => {
@@ -889,6 +916,36 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if wire.auth.required && tenants.is_empty() {
         errors.push("auth.required: no [[tenants]] with keys are configured".into());
     }
+    let precise = matches!(
+        &routing.hashing,
+        Hashing::Tokens {
+            template: Some(_),
+            ..
+        }
+    );
+    if precise && tenant_prefix_isolation {
+        errors.push(
+            "routing.hashing: precise mode needs tenancy.prefix_isolation = \"global\" \
+             (engine KV events carry no tenant, so salted prefixes cannot be rebuilt)"
+                .into(),
+        );
+    }
+    for (i, b) in backends.iter().enumerate() {
+        let Some(endpoint) = &b.kv_events else {
+            continue;
+        };
+        if !precise {
+            errors.push(format!(
+                "backends[{i}].kv_events: needs routing.hashing = \"precise\" (events are \
+                 matched by the engine's own token blocks)"
+            ));
+        }
+        if !(endpoint.starts_with("tcp://") || endpoint.starts_with("ipc://")) {
+            errors.push(format!(
+                "backends[{i}].kv_events: `{endpoint}` is not a tcp:// or ipc:// endpoint"
+            ));
+        }
+    }
     Config {
         server,
         routing,
@@ -910,6 +967,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
 fn validate_hashing(
     mode: &str,
     tokenizer: Option<String>,
+    chat_template: Option<String>,
     block_tokens: usize,
     errors: &mut Vec<String>,
 ) -> Hashing {
@@ -919,20 +977,38 @@ fn validate_hashing(
     });
     match mode {
         "bytes" => Hashing::Bytes,
-        "tokens" => {
+        "tokens" | "precise" => {
             let Some(path) = tokenizer else {
-                errors.push(
-                    "routing.tokenizer: required when routing.hashing = \"tokens\" \
+                errors.push(format!(
+                    "routing.tokenizer: required when routing.hashing = \"{mode}\" \
                      (the path of a tokenizer.json)"
-                        .into(),
-                );
+                ));
                 return Hashing::Bytes;
+            };
+            let template = if mode == "precise" {
+                let Some(t) = chat_template.or_else(|| ChatTemplate::find_beside(&path)) else {
+                    errors.push(format!(
+                        "routing.chat_template: required in precise mode (no \
+                         chat_template.jinja or tokenizer_config.json beside `{path}`)"
+                    ));
+                    return Hashing::Bytes;
+                };
+                match ChatTemplate::load(&t) {
+                    Ok(t) => Some(Arc::new(t)),
+                    Err(e) => {
+                        errors.push(format!("routing.chat_template: {e}"));
+                        return Hashing::Bytes;
+                    }
+                }
+            } else {
+                None
             };
             match tokenizers::Tokenizer::from_file(&path) {
                 Ok(t) => Hashing::Tokens {
                     tokenizer: Arc::new(t),
                     path,
                     block_tokens,
+                    template,
                 },
                 Err(e) => {
                     errors.push(format!(
@@ -944,7 +1020,7 @@ fn validate_hashing(
         }
         other => {
             errors.push(format!(
-                "routing.hashing: unknown mode `{other}`; expected bytes or tokens"
+                "routing.hashing: unknown mode `{other}`; expected bytes, tokens or precise"
             ));
             Hashing::Bytes
         }

@@ -74,6 +74,13 @@ impl Gateway {
             access_tx,
         ));
         let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
+        // Precise mode: bind the KV-event endpoints now, so a bad one fails start-up.
+        let kv_sockets = kv_subscriptions(&shared.config)
+            .map(|(subs, block_tokens)| {
+                crate::kv_events::bind(subs).map(|sockets| (sockets, block_tokens))
+            })
+            .transpose()
+            .map_err(io::Error::other)?;
 
         let mut shard_threads = Vec::with_capacity(shards);
         let mut shard_stops = Vec::with_capacity(shards);
@@ -158,6 +165,14 @@ impl Gateway {
                     .spawn(move || crate::admin::serve(listener, token, admin_tx, admin_stop))?,
             );
         }
+        if let Some((sockets, block_tokens)) = kv_sockets {
+            let (shared, stop) = (shared.clone(), stop_rx.clone());
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-kv".into())
+                    .spawn(move || crate::kv_events::run(sockets, block_tokens, shared, stop))?,
+            );
+        }
         let backends = shared.config.backends.clone();
         let health = shared.config.health.clone();
         let health_handle = std::thread::Builder::new()
@@ -216,6 +231,30 @@ impl Gateway {
             }
         }
     }
+}
+
+/// The KV-event subscriptions precise mode asks for, with its block size; `None`
+/// when no backend has `kv_events`.
+fn kv_subscriptions(
+    config: &crate::config::Config,
+) -> Option<(Vec<crate::kv_events::Subscription>, std::num::NonZeroUsize)> {
+    let crate::config::Hashing::Tokens { block_tokens, .. } = &config.routing.hashing else {
+        return None;
+    };
+    let subs: Vec<_> = config
+        .backends
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| {
+            let endpoint = b.kv_events.clone()?;
+            Some(crate::kv_events::Subscription::new(
+                i,
+                endpoint,
+                &b.models[0],
+            ))
+        })
+        .collect();
+    (!subs.is_empty()).then_some((subs, *block_tokens))
 }
 
 impl Drop for Gateway {

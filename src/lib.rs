@@ -11,6 +11,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod chat_template;
 pub mod config;
 pub mod coordinator;
 pub mod demo;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod fleet;
 pub mod gateway;
 pub mod http;
+pub mod kv_events;
 pub mod metrics;
 pub mod observe;
 pub mod open_conns;

@@ -170,6 +170,9 @@ pub struct Gauges<'a> {
     pub engine: &'a [Option<EngineLoad>],
     pub breaker: &'a [radixgate_orchestrator::BreakerState],
     pub healthy: &'a [bool],
+    /// Per backend, its KV-event subscription's counters (precise mode), if it has
+    /// one.
+    pub kv_events: &'a [Option<&'a crate::kv_events::KvEventCounters>],
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -383,6 +386,45 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         let up = g.healthy.get(i).copied().unwrap_or(false) as u8;
         let _ = writeln!(out, "radixgate_backend_healthy{{backend=\"{id}\"}} {up}");
     }
+    type KvRead = fn(&crate::kv_events::KvEventCounters) -> &std::sync::atomic::AtomicU64;
+    let kv_counters: [(&str, &str, KvRead); 5] = [
+        (
+            "radixgate_kv_events_stored_blocks_total",
+            "Blocks the engine reported stored (precise mode KV events).",
+            |c| &c.stored_blocks,
+        ),
+        (
+            "radixgate_kv_events_removed_blocks_total",
+            "Blocks the engine reported evicted.",
+            |c| &c.removed_blocks,
+        ),
+        (
+            "radixgate_kv_events_cleared_total",
+            "AllBlocksCleared events.",
+            |c| &c.cleared,
+        ),
+        (
+            "radixgate_kv_events_gaps_total",
+            "Sequence gaps: events lost, the backend's entries dropped and rebuilt.",
+            |c| &c.gaps,
+        ),
+        (
+            "radixgate_kv_events_rejected_total",
+            "Messages or events that did not decode, or blocks with an unknown parent.",
+            |c| &c.rejected,
+        ),
+    ];
+    if g.kv_events.iter().any(Option::is_some) {
+        for (name, help, get) in kv_counters {
+            header(&mut out, name, "counter", help);
+            for (id, c) in g.backend_ids.iter().zip(g.kv_events) {
+                if let Some(c) = c {
+                    let v = get(c).load(std::sync::atomic::Ordering::Relaxed);
+                    let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {v}");
+                }
+            }
+        }
+    }
     header(&mut out, "radixgate_index_blocks", "gauge", "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.");
     let _ = writeln!(
         out,
@@ -471,6 +513,7 @@ mod tests {
                 engine: &[None],
                 breaker: &[radixgate_orchestrator::BreakerState::Closed],
                 healthy: &[true],
+                kv_events: &[None],
             },
         );
         assert!(text.contains(

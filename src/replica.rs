@@ -30,6 +30,9 @@ pub enum IndexOp {
     },
     /// The engine reported its cache size: the backend's capacity in the index.
     SetCapacity { backend: BackendIdx, blocks: usize },
+    /// The engine's cache was cleared, or its KV events had a gap: the backend
+    /// holds nothing now (its capacity stays).
+    Clear { backend: BackendIdx },
     /// The conversation `session` (hash of its `X-Session-ID`) lives on `backend`.
     BindSession {
         session: u64,
@@ -59,6 +62,11 @@ impl IndexEvent {
                 from,
             } => index.remove(*backend, blocks, *from),
             IndexOp::SetCapacity { backend, blocks } => index.set_capacity(*backend, *blocks),
+            IndexOp::Clear { backend } => {
+                let capacity = index.capacity(*backend);
+                index.remove_backend(*backend);
+                index.set_capacity(*backend, capacity);
+            }
             IndexOp::BindSession {
                 session,
                 backend,

@@ -345,6 +345,13 @@ async fn scrape(shard: &Shard) -> String {
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
         .collect();
+    let kv_events: Vec<_> = shared
+        .config
+        .backends
+        .iter()
+        .zip(shared.kv_events.iter())
+        .map(|(b, c)| b.kv_events.as_ref().map(|_| c))
+        .collect();
     metrics::render(
         &copies,
         &metrics::Gauges {
@@ -362,6 +369,7 @@ async fn scrape(shard: &Shard) -> String {
             engine: &fleet.engine,
             breaker: &fleet.breaker,
             healthy: &fleet.healthy,
+            kv_events: &kv_events,
         },
     )
 }

@@ -52,6 +52,9 @@ pub struct Shared {
     pub epoch: Instant,
     pub tenants: Vec<Tenant>,
     pub keys: KeyTable,
+    /// Per backend, what its KV-event subscription applied (precise mode; the
+    /// `radixgate-kv` thread writes, scrapes read).
+    pub kv_events: Arc<[crate::kv_events::KvEventCounters]>,
 }
 
 impl Shared {
@@ -107,6 +110,9 @@ impl Shared {
             })
             .collect();
         Shared {
+            kv_events: (0..config.backends.len())
+                .map(|_| Default::default())
+                .collect(),
             tenants,
             keys,
             index_events,

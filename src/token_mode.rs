@@ -31,6 +31,7 @@
 //! copy. Use it where engine-sized block accounting is worth that;
 //! bytes mode stays the fast path.
 
+use crate::chat_template::ChatTemplate;
 use radixgate_orchestrator::PromptHasher;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -93,6 +94,48 @@ impl TokenHasher {
         Ok(())
     }
 
+    /// Precise mode: the prompt as the engine tokenizes it. A chat request's
+    /// `messages` (content parts joined by newlines, as vLLM joins text parts) and
+    /// `tools` are rendered through the engine's chat template and tokenized without
+    /// special tokens; a completion `prompt` string is tokenized with them; a prompt
+    /// given as ids is hashed as those ids. Seeded like `canonical`'s own chain, so
+    /// the blocks equal the ones [`crate::kv_events`] rebuilds from the engine's
+    /// `BlockStored` events. On failure the prompt gets no blocks (routed by load)
+    /// and the error is returned for the caller to count.
+    pub fn hash_precise(
+        &mut self,
+        canonical: &PromptHasher,
+        template: &ChatTemplate,
+        body: &[u8],
+    ) -> Result<(), String> {
+        self.hasher.reset(canonical.seed());
+        self.ids.clear();
+        let given = canonical.given_token_ids();
+        if !given.is_empty() {
+            self.ids.extend_from_slice(given);
+            self.hasher.feed_token_ids(given);
+            return Ok(());
+        }
+        let mut v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        if let Some(mut messages) = v.get_mut("messages").map(serde_json::Value::take) {
+            join_text_parts(&mut messages);
+            let text = template
+                .render(&messages, v.get("tools").filter(|t| !t.is_null()))
+                .map_err(|e| e.to_string())?;
+            self.cache
+                .tokenize(&self.tokenizer, text.as_bytes(), &mut self.ids)
+                .map_err(|e| e.to_string())?;
+        } else if let Some(prompt) = v.get("prompt").and_then(|p| p.as_str()) {
+            let encoding = self
+                .tokenizer
+                .encode_fast(prompt, true)
+                .map_err(|e| e.to_string())?;
+            self.ids.extend_from_slice(encoding.get_ids());
+        }
+        self.hasher.feed_token_ids(&self.ids);
+        Ok(())
+    }
+
     /// Chained hashes of the whole `block_tokens` blocks of the last prompt.
     pub fn blocks(&self) -> &[u64] {
         self.hasher.blocks()
@@ -112,6 +155,24 @@ impl TokenHasher {
     /// Item-cache lookups that hit and that missed, since the start.
     pub fn cache_stats(&self) -> (u64, u64) {
         (self.cache.hits, self.cache.misses)
+    }
+}
+
+/// Turns each message's array `content` (OpenAI content parts) into the string vLLM
+/// gives a string-content chat template: its text parts joined by newlines.
+fn join_text_parts(messages: &mut serde_json::Value) {
+    let Some(list) = messages.as_array_mut() else {
+        return;
+    };
+    for m in list {
+        let Some(parts) = m.get("content").and_then(|c| c.as_array()) else {
+            continue;
+        };
+        let text: Vec<&str> = parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+            .collect();
+        m["content"] = serde_json::Value::String(text.join("\n"));
     }
 }
 

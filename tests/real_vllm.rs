@@ -27,8 +27,8 @@ const MODEL: &str = "tiny";
 /// The engines started by `fleet.sh`; stopped by PID on drop.
 struct Fleet {
     state: PathBuf,
-    /// `(id, addr)` per engine.
-    engines: Vec<(String, String)>,
+    /// `(id, addr, KV-event endpoint)` per engine.
+    engines: Vec<(String, String, String)>,
 }
 
 impl Fleet {
@@ -57,8 +57,11 @@ impl Fleet {
         );
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let mut parts = line.split_whitespace();
-            if let (Some(id), Some(addr)) = (parts.next(), parts.next()) {
-                fleet.engines.push((id.to_string(), addr.to_string()));
+            if let (Some(id), Some(addr), Some(events)) = (parts.next(), parts.next(), parts.next())
+            {
+                fleet
+                    .engines
+                    .push((id.to_string(), addr.to_string(), events.to_string()));
             }
         }
         assert_eq!(
@@ -71,10 +74,10 @@ impl Fleet {
     }
 
     fn addr(&self, id: &str) -> SocketAddr {
-        let (_, addr) = self
+        let (_, addr, _) = self
             .engines
             .iter()
-            .find(|(i, _)| i == id)
+            .find(|(i, _, _)| i == id)
             .expect("engine id");
         addr.parse().unwrap()
     }
@@ -185,7 +188,7 @@ fn real_vllm_fleet_end_to_end() {
     let backends: Vec<_> = fleet
         .engines
         .iter()
-        .map(|(id, addr)| (id.as_str(), format!("http://{addr}"), MODEL))
+        .map(|(id, addr, _)| (id.as_str(), format!("http://{addr}"), MODEL))
         .collect();
     let gw = start_gateway(
         "auto",
@@ -256,7 +259,7 @@ fn real_vllm_fleet_end_to_end() {
     assert!(
         eventually(Duration::from_secs(10), || {
             let text = Client::connect(addr).get("/metrics").text();
-            fleet.engines.iter().all(|(id, _)| {
+            fleet.engines.iter().all(|(id, _, _)| {
                 metric(
                     &text,
                     &format!("radixgate_engine_kv_usage{{backend=\"{id}\"}}"),
@@ -305,7 +308,7 @@ fn real_vllm_fleet_end_to_end() {
         let before: Vec<(f64, f64)> = fleet
             .engines
             .iter()
-            .map(|(id, _)| {
+            .map(|(id, _, _)| {
                 let a = fleet.addr(id);
                 (
                     engine_counter(a, "vllm:prefix_cache_hits_total"),
@@ -334,7 +337,7 @@ fn real_vllm_fleet_end_to_end() {
                 .engines
                 .iter()
                 .zip(&before)
-                .fold((0.0, 0.0), |(h, q), ((id, _), (h0, q0))| {
+                .fold((0.0, 0.0), |(h, q), ((id, _, _), (h0, q0))| {
                     let a = fleet.addr(id);
                     (
                         h + engine_counter(a, "vllm:prefix_cache_hits_total") - h0,
@@ -357,5 +360,89 @@ fn real_vllm_fleet_end_to_end() {
     );
 
     gw.shutdown();
+
+    // Precise mode: a gateway that tokenizes through the model's chat template and
+    // rebuilds its index from the engines' KV events predicts the engine's cache hit
+    // to the token.
+    let precise = precise_gateway(&fleet);
+    let addr = precise.local_addr();
+    let mut client = Client::connect(addr);
+    let doc = document(3, 700);
+    let first = client.post(
+        "/v1/chat/completions",
+        &chat(&doc, "Precise one?", false),
+        &[],
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    let chosen = first.header("x-router-backend").unwrap().to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let text = Client::connect(addr).get("/metrics").text();
+            metric(
+                &text,
+                &format!("radixgate_kv_events_stored_blocks_total{{backend=\"{chosen}\"}}"),
+            )
+            .is_some_and(|v| v > 0.0)
+        }),
+        "no KV events applied for {chosen}"
+    );
+    let second = client.post(
+        "/v1/chat/completions",
+        &chat(&doc, "Precise two?", false),
+        &[],
+    );
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.header("x-router-backend"), Some(chosen.as_str()));
+    let matched: u64 = second
+        .header("x-router-match-blocks")
+        .expect("X-Router-Match-Blocks")
+        .parse()
+        .unwrap();
+    let (prompt, cached) = usage(&second);
+    eprintln!(
+        "precise: predicted {} tokens, engine cached {cached}/{prompt}",
+        matched * 128
+    );
+    assert!(cached > 0);
+    assert_eq!(
+        matched * 128,
+        cached,
+        "precise mode must predict the engine's hit exactly"
+    );
+    let text = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(
+            &text,
+            &format!("radixgate_kv_events_rejected_total{{backend=\"{chosen}\"}}")
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    precise.shutdown();
     drop(fleet);
+}
+
+/// A gateway in precise mode over the fleet: the model's tokenizer and chat template,
+/// 128-token blocks (the CPU engine's), and each engine's KV-event endpoint.
+fn precise_gateway(fleet: &Fleet) -> radixgate::Gateway {
+    let cache = std::env::var("RADIXGATE_CACHE").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/radixgate",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let mut toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\n\n[routing]\npolicy = \"prefix_aware\"\n\
+         hashing = \"precise\"\ntokenizer = \"{cache}/models/{MODEL}/tokenizer.json\"\n\
+         block_tokens = 128\n\n[upstream]\nfirst_byte_timeout_ms = 60000\n"
+    );
+    for (id, addr, events) in &fleet.engines {
+        toml.push_str(&format!(
+            "\n[[backends]]\nid = \"{id}\"\nurl = \"http://{addr}\"\nmodels = [\"{MODEL}\"]\n\
+             kv_events = \"{events}\"\n"
+        ));
+    }
+    let config = radixgate::config::Config::from_toml(&toml)
+        .unwrap_or_else(|e| panic!("bad precise config: {e}\n{toml}"));
+    radixgate::Gateway::start(config).expect("precise gateway starts")
 }

@@ -42,6 +42,63 @@ enum Command {
     GenTrace(GenTraceArgs),
     /// Fire a JSONL trace at a live gateway, keeping each session's turns in order.
     Replay(ReplayArgs),
+    /// Real vLLM (CPU) engines behind radixgate: TTFT, engine hit rate and cached
+    /// share per workload, concurrency and policy (minutes; installs vLLM on first use).
+    Real(RealArgs),
+}
+
+#[derive(Args)]
+struct RealArgs {
+    /// Engines to start.
+    #[arg(long, default_value_t = 3)]
+    engines: usize,
+    /// The test model: tiny or small (deploy/vllm/make_model.py).
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// Workloads to run, comma-separated: docs, multiturn.
+    #[arg(long, value_delimiter = ',', default_value = "docs,multiturn")]
+    workloads: Vec<WorkloadArg>,
+    /// Concurrencies, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    concurrency: Vec<usize>,
+    /// Policies (X-Router-Policy values), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,least_loaded,prefix_aware"
+    )]
+    policies: Vec<String>,
+    /// Requests per run.
+    #[arg(long, default_value_t = 48)]
+    requests: u64,
+    /// docs: documents (each about 1500 tokens at the default --doc-bytes).
+    #[arg(long, default_value_t = 6)]
+    docs: usize,
+    #[arg(long, default_value_t = 2000)]
+    doc_bytes: usize,
+    #[arg(long, default_value_t = 8)]
+    questions: usize,
+    /// multiturn: conversations and turns.
+    #[arg(long, default_value_t = 8)]
+    conversations: usize,
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    #[arg(long, default_value_t = 8)]
+    max_tokens: u32,
+    /// The gateway's routing.bytes_per_token (the test tokenizer: ~1.4 on this text).
+    #[arg(long, default_value_t = 1.4)]
+    bytes_per_token: f64,
+    /// First engine port (engine i listens on port+i and publishes KV events to port+100+i).
+    #[arg(long, default_value_t = 18200)]
+    base_port: u16,
+    /// The radixgate binary; default: `radixgate` next to this one.
+    #[arg(long)]
+    gateway_bin: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the Markdown tables to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -161,6 +218,9 @@ struct LoadArgs {
     /// Ask for SSE streaming responses (with usage in the last event).
     #[arg(long)]
     stream: bool,
+    /// Add `"ignore_eos":true` (vLLM: every answer has exactly max_tokens tokens).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Seed for the workload's pseudo-random content.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -202,7 +262,64 @@ fn main() -> ExitCode {
         }
         Command::GenTrace(args) => gen_trace_command(args),
         Command::Replay(args) => replay_command(args),
+        Command::Real(args) => real_command(args),
     }
+}
+
+fn real_command(args: RealArgs) -> ExitCode {
+    use radixgate_bench::real::{self, RealConfig};
+    let Some(repo) = real::find_repo() else {
+        eprintln!("error: run from the radixgate checkout (or set RADIXGATE_REPO)");
+        return ExitCode::from(2);
+    };
+    let gateway_bin = args.gateway_bin.unwrap_or_else(|| {
+        let me = std::env::current_exe().unwrap_or_default();
+        me.with_file_name("radixgate")
+    });
+    let workloads = args
+        .workloads
+        .iter()
+        .map(|w| match w {
+            WorkloadArg::Docs => Kind::Docs,
+            WorkloadArg::Multiturn => Kind::Multiturn,
+            WorkloadArg::Fixed => Kind::Fixed,
+        })
+        .collect();
+    let cfg = RealConfig {
+        repo,
+        gateway_bin,
+        engines: args.engines,
+        model: args.model,
+        workloads,
+        concurrency: args.concurrency,
+        policies: args.policies,
+        requests: args.requests,
+        docs: args.docs,
+        doc_bytes: args.doc_bytes,
+        questions: args.questions,
+        conversations: args.conversations,
+        turns: args.turns,
+        max_tokens: args.max_tokens,
+        bytes_per_token: args.bytes_per_token,
+        base_port: args.base_port,
+        seed: args.seed,
+    };
+    let rows = match real::run(&cfg, |line| eprintln!("{line}")) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let table = real::to_markdown(&rows);
+    print!("{table}");
+    if let Some(path) = args.out {
+        if let Err(e) = std::fs::write(&path, &table) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn gen_trace_command(args: GenTraceArgs) -> ExitCode {
@@ -320,6 +437,7 @@ fn load_command(args: LoadArgs) -> ExitCode {
         model: args.model,
         max_tokens: args.max_tokens,
         stream: args.stream,
+        ignore_eos: args.ignore_eos,
         seed: args.seed,
         body_bytes: args.body_bytes,
         docs: args.docs as usize,

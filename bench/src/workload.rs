@@ -38,6 +38,8 @@ pub struct WorkloadConfig {
     pub max_tokens: u32,
     /// Ask for SSE (`"stream":true`, with usage in the last event).
     pub stream: bool,
+    /// Add vLLM's `"ignore_eos":true` so that every answer has `max_tokens` tokens.
+    pub ignore_eos: bool,
     pub seed: u64,
     /// `fixed`: total body size in bytes (never below the bare JSON skeleton).
     pub body_bytes: usize,
@@ -60,6 +62,7 @@ impl Default for WorkloadConfig {
             model: "sim".to_string(),
             max_tokens: 16,
             stream: false,
+            ignore_eos: false,
             seed: 1,
             body_bytes: 2048,
             docs: 8,
@@ -202,13 +205,21 @@ fn chat_body(cfg: &WorkloadConfig, messages: &[(&str, &str)]) -> Vec<u8> {
 
 /// Everything after the last message.
 fn body_tail(cfg: &WorkloadConfig) -> String {
+    let ignore_eos = if cfg.ignore_eos {
+        ",\"ignore_eos\":true"
+    } else {
+        ""
+    };
     if cfg.stream {
         format!(
-            "],\"max_tokens\":{},\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}",
+            "],\"max_tokens\":{}{ignore_eos},\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}",
             cfg.max_tokens
         )
     } else {
-        format!("],\"max_tokens\":{},\"stream\":false}}", cfg.max_tokens)
+        format!(
+            "],\"max_tokens\":{}{ignore_eos},\"stream\":false}}",
+            cfg.max_tokens
+        )
     }
 }
 

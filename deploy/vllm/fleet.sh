@@ -66,7 +66,7 @@ start() {
             >"$dir/engine-$i.log" 2>&1 &
         echo $! >"$dir/engine-$i.pid"
     done
-    local deadline=$((SECONDS + ${RADIXGATE_VLLM_START_TIMEOUT:-420}))
+    local deadline=$((SECONDS + ${RADIXGATE_VLLM_START_TIMEOUT:-900}))
     for i in $(seq 0 $((k - 1))); do
         local port=$((base + i))
         until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do

@@ -12,6 +12,7 @@ mod exchange;
 mod route;
 
 use crate::access_log::{AccessRecord, InlineId};
+use crate::config::Hashing;
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
@@ -76,8 +77,15 @@ pub async fn forward(
             // affinity key); the prompt's size is known exactly.
             Some(tokens) => {
                 let mut tokens = tokens.borrow_mut();
-                if let Err(e) = tokens.hash(&hasher) {
-                    tracing::debug!(error = %e, "tokenizer failed; routing by load");
+                let hashed = match &shared.config.routing.hashing {
+                    Hashing::Tokens {
+                        template: Some(template),
+                        ..
+                    } => tokens.hash_precise(&hasher, template, body),
+                    _ => tokens.hash(&hasher).map_err(|e| e.to_string()),
+                };
+                if let Err(e) = hashed {
+                    tracing::debug!(error = %e, "tokenizing the prompt failed; routing by load");
                 }
                 facts.affinity_key = tokens.affinity_key();
                 (facts, tokens.tokens() as u64)

@@ -1,0 +1,391 @@
+//! `real`: the real-engine benchmark. Starts K vLLM (CPU) engines with
+//! `deploy/vllm/fleet.sh` (install, offline model, loopback, prefix caching), puts the
+//! radixgate binary in front of them, and for each workload × concurrency × policy runs
+//! a closed-loop [`load`](crate::load) run with fresh content (its own seed, so no run
+//! warms another's cache). Per run it reports TTFT (mean, p50/p95/p99), the engines'
+//! own prefix-cache hit rate from `/metrics` deltas (`vllm:prefix_cache_hits_total` over
+//! `vllm:prefix_cache_queries_total`, summed over engines) and the engine-reported
+//! `cached_tokens` share of prompt tokens.
+//!
+//! Policies are switched per request with `X-Router-Policy` on one gateway per
+//! hashing mode, so every policy runs against the same engines in the same process
+//! state. Engines and gateway are stopped by PID when the run ends, also on error.
+
+// A benchmark driver, not a shard: blocking waits are what it is for.
+#![allow(clippy::disallowed_methods)]
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::http::Target;
+use crate::load::{self, LoadConfig};
+use crate::report::Stats;
+use crate::workload::{Kind, Workload, WorkloadConfig};
+
+#[derive(Clone, Debug)]
+pub struct RealConfig {
+    /// The repository root (where `deploy/vllm/fleet.sh` is).
+    pub repo: PathBuf,
+    /// The `radixgate` binary to put in front of the engines.
+    pub gateway_bin: PathBuf,
+    pub engines: usize,
+    /// `tiny` or `small` (deploy/vllm/make_model.py).
+    pub model: String,
+    pub workloads: Vec<Kind>,
+    pub concurrency: Vec<usize>,
+    pub policies: Vec<String>,
+    /// Requests per run.
+    pub requests: u64,
+    /// docs: documents, bytes each, questions each.
+    pub docs: usize,
+    pub doc_bytes: usize,
+    pub questions: usize,
+    /// multiturn: conversations side by side and turns before one starts over.
+    pub conversations: usize,
+    pub turns: usize,
+    pub max_tokens: u32,
+    /// The gateway's `routing.bytes_per_token` for this model's tokenizer.
+    pub bytes_per_token: f64,
+    /// First port of the engines (each engine also uses port + 100).
+    pub base_port: u16,
+    pub seed: u64,
+}
+
+/// One measured run.
+pub struct Row {
+    pub workload: &'static str,
+    pub concurrency: usize,
+    pub policy: String,
+    pub stats: Stats,
+    /// Engine prefix-cache hit rate over the run, from `/metrics` deltas.
+    pub engine_hit_rate: Option<f64>,
+    pub elapsed: Duration,
+}
+
+/// Runs every combination and returns the rows in order; `progress` gets a line
+/// per finished run.
+pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>, String> {
+    let fleet = Fleet::start(cfg)?;
+    progress(&format!(
+        "{} engines ready: {}",
+        fleet.engines.len(),
+        fleet
+            .engines
+            .iter()
+            .map(|(id, a)| format!("{id}={a}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    let gateway = Gateway::start(cfg, &fleet)?;
+    let url = format!("http://{}/v1/chat/completions", gateway.addr);
+    let target = Target::parse(&url)?;
+    let mut rows = Vec::new();
+    let mut run_seed = cfg.seed.wrapping_mul(1000);
+    for &kind in &cfg.workloads {
+        for &concurrency in &cfg.concurrency {
+            for policy in &cfg.policies {
+                run_seed += 1;
+                let workload = Workload::new(WorkloadConfig {
+                    kind,
+                    model: cfg.model.clone(),
+                    max_tokens: cfg.max_tokens,
+                    stream: true,
+                    ignore_eos: true,
+                    seed: run_seed,
+                    body_bytes: 0,
+                    docs: cfg.docs,
+                    doc_bytes: cfg.doc_bytes,
+                    questions: cfg.questions,
+                    conversations: cfg.conversations,
+                    turns: cfg.turns,
+                });
+                let load_cfg = LoadConfig {
+                    target: target.clone(),
+                    concurrency,
+                    requests: Some(cfg.requests),
+                    duration: None,
+                    headers: vec![("X-Router-Policy".into(), policy.clone())],
+                    timeout: Duration::from_secs(300),
+                };
+                let before = fleet.prefix_cache_counters();
+                let result = load::run(&load_cfg, &workload).map_err(|e| e.to_string())?;
+                let after = fleet.prefix_cache_counters();
+                let engine_hit_rate = match (before, after) {
+                    (Some((h0, q0)), Some((h1, q1))) if q1 > q0 => Some((h1 - h0) / (q1 - q0)),
+                    _ => None,
+                };
+                let row = Row {
+                    workload: kind.name(),
+                    concurrency,
+                    policy: policy.clone(),
+                    stats: result.stats,
+                    engine_hit_rate,
+                    elapsed: result.elapsed,
+                };
+                progress(&row_line(&row));
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn row_line(r: &Row) -> String {
+    format!(
+        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms, engine hit {}, cached {} ({:.1} s)",
+        r.workload,
+        r.concurrency,
+        r.policy,
+        r.stats.ok,
+        r.stats.failed(),
+        r.stats.ttft.mean() / 1e3,
+        r.stats.ttft.value_at_quantile(0.95) as f64 / 1e3,
+        pct(r.engine_hit_rate),
+        pct(r.stats.cached_share()),
+        r.elapsed.as_secs_f64()
+    )
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |x| format!("{:.1}%", 100.0 * x))
+}
+
+/// The results as Markdown: one table per workload, with mean TTFT against
+/// round_robin at the same concurrency.
+pub fn to_markdown(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let mut workloads: Vec<&str> = rows.iter().map(|r| r.workload).collect();
+    workloads.dedup();
+    for w in workloads {
+        let _ = writeln!(out, "\n### {w}\n");
+        out.push_str("| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | engine hit rate | cached_tokens share |\n");
+        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for r in rows.iter().filter(|r| r.workload == w) {
+            let baseline = rows.iter().find(|b| {
+                b.workload == w && b.concurrency == r.concurrency && b.policy == "round_robin"
+            });
+            let mean = r.stats.ttft.mean() / 1e3;
+            let vs = baseline
+                .map(|b| b.stats.ttft.mean() / 1e3)
+                .filter(|&b| b > 0.0)
+                .map_or("".into(), |b| format!("{:+.0}%", 100.0 * (mean / b - 1.0)));
+            let q = |p: f64| r.stats.ttft.value_at_quantile(p) as f64 / 1e3;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                r.concurrency,
+                r.policy,
+                r.stats.ok,
+                r.stats.failed(),
+                mean,
+                vs,
+                q(0.50),
+                q(0.95),
+                q(0.99),
+                pct(r.engine_hit_rate),
+                pct(r.stats.cached_share()),
+            );
+        }
+    }
+    out
+}
+
+/// The engines, stopped by `fleet.sh stop` (SIGTERM by PID) on drop.
+struct Fleet {
+    script: PathBuf,
+    state: PathBuf,
+    engines: Vec<(String, SocketAddr)>,
+}
+
+impl Fleet {
+    fn start(cfg: &RealConfig) -> Result<Fleet, String> {
+        let script = cfg.repo.join("deploy/vllm/fleet.sh");
+        let state =
+            std::env::temp_dir().join(format!("radixgate-bench-real-{}", std::process::id()));
+        let mut fleet = Fleet {
+            script,
+            state,
+            engines: Vec::new(),
+        };
+        let out = Command::new(&fleet.script)
+            .arg("start")
+            .arg(&fleet.state)
+            .args([
+                cfg.engines.to_string(),
+                cfg.base_port.to_string(),
+                cfg.model.clone(),
+            ])
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", fleet.script.display()))?;
+        if !out.status.success() {
+            return Err("deploy/vllm/fleet.sh start failed (see above)".into());
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut parts = line.split_whitespace();
+            if let (Some(id), Some(addr)) = (parts.next(), parts.next()) {
+                let addr = addr
+                    .parse()
+                    .map_err(|e| format!("bad engine address {addr}: {e}"))?;
+                fleet.engines.push((id.to_string(), addr));
+            }
+        }
+        if fleet.engines.len() != cfg.engines {
+            return Err(format!(
+                "fleet.sh started {} engines, not {}",
+                fleet.engines.len(),
+                cfg.engines
+            ));
+        }
+        Ok(fleet)
+    }
+
+    /// Sum over engines of (prefix-cache hits, queries), in tokens.
+    fn prefix_cache_counters(&self) -> Option<(f64, f64)> {
+        let mut sum = (0.0, 0.0);
+        for (_, addr) in &self.engines {
+            let text = http_get(*addr, "/metrics").ok()?;
+            sum.0 += counter(&text, "vllm:prefix_cache_hits_total")?;
+            sum.1 += counter(&text, "vllm:prefix_cache_queries_total")?;
+        }
+        Some(sum)
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .arg("stop")
+            .arg(&self.state)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// The radixgate binary in front of the fleet, killed by PID on drop.
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    config: PathBuf,
+}
+
+impl Gateway {
+    fn start(cfg: &RealConfig, fleet: &Fleet) -> Result<Gateway, String> {
+        let addr = free_addr()?;
+        let mut toml = format!(
+            "[server]\nlisten = \"{addr}\"\nshards = 1\n\n[routing]\npolicy = \"prefix_aware\"\n\
+             allow_policy_header = true\nbytes_per_token = {}\n\n[upstream]\n\
+             first_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n",
+            cfg.bytes_per_token
+        );
+        for (id, engine) in &fleet.engines {
+            let _ = write!(
+                toml,
+                "\n[[backends]]\nid = \"{id}\"\nurl = \"http://{engine}\"\nmodels = [\"{}\"]\n",
+                cfg.model
+            );
+        }
+        let config =
+            std::env::temp_dir().join(format!("radixgate-bench-real-{}.toml", std::process::id()));
+        std::fs::write(&config, toml)
+            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        let child = Command::new(&cfg.gateway_bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", cfg.gateway_bin.display()))?;
+        let gateway = Gateway {
+            child,
+            addr,
+            config,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_get(addr, "/v1/models").is_err() {
+            if Instant::now() > deadline {
+                return Err("the gateway did not answer /v1/models within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(gateway)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+fn free_addr() -> Result<SocketAddr, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map_err(|e| e.to_string())
+}
+
+/// A one-shot `GET` (Connection: close); the body if the status is 200.
+fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no response head")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head.lines().next().unwrap_or("").to_string());
+    }
+    Ok(body.to_string())
+}
+
+/// The sum of a Prometheus counter's samples (all label sets).
+fn counter(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix(name) {
+            if rest.starts_with('{') || rest.starts_with(' ') {
+                let value = rest.rsplit(' ').next()?.parse::<f64>().ok()?;
+                *found.get_or_insert(0.0) += value;
+            }
+        }
+    }
+    found
+}
+
+/// The repository root: `RADIXGATE_REPO`, else the nearest ancestor of the current
+/// directory with `deploy/vllm/fleet.sh`.
+pub fn find_repo() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RADIXGATE_REPO") {
+        return Some(PathBuf::from(p));
+    }
+    let cwd = std::env::current_dir().ok()?;
+    cwd.ancestors()
+        .find(|p| p.join("deploy/vllm/fleet.sh").is_file())
+        .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_sums_label_sets_and_skips_lookalikes() {
+        let text = "# HELP x\nvllm:prefix_cache_hits_total{engine=\"0\"} 10.0\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\"} 5.5\n\
+                    vllm:prefix_cache_hits_created{engine=\"0\"} 1.7e9\n";
+        assert_eq!(counter(text, "vllm:prefix_cache_hits_total"), Some(15.5));
+        assert_eq!(counter(text, "vllm:prefix_cache_queries_total"), None);
+    }
+}
