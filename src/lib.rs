@@ -11,6 +11,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod backends;
 pub mod config;
 pub mod coordinator;
 pub mod demo;
@@ -26,6 +27,7 @@ pub mod open_conns;
 pub mod openai;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod replica;
 pub mod runtime;
 pub mod server;

@@ -28,8 +28,11 @@ pub enum IndexOp {
         blocks: Arc<[u64]>,
         from: usize,
     },
-    /// The engine reported its cache size: the backend's capacity in the index.
+    /// The backend's capacity in the index: configured (which declares a new
+    /// backend) or reported by the engine.
     SetCapacity { backend: BackendIdx, blocks: usize },
+    /// The backend was removed: drop every block it held and undeclare it.
+    RemoveBackend { backend: BackendIdx },
     /// The conversation `session` (hash of its `X-Session-ID`) lives on `backend`.
     BindSession {
         session: u64,
@@ -59,6 +62,7 @@ impl IndexEvent {
                 from,
             } => index.remove(*backend, blocks, *from),
             IndexOp::SetCapacity { backend, blocks } => index.set_capacity(*backend, *blocks),
+            IndexOp::RemoveBackend { backend } => index.remove_backend(*backend),
             IndexOp::BindSession {
                 session,
                 backend,
