@@ -528,3 +528,40 @@ fn invalid_reload_keeps_the_running_config(io: &str) {
     assert_eq!(r.status, 400, "{}", r.text());
 }
 both_drivers!(invalid_reload_keeps_the_running_config);
+
+fn a_models_last_backend_removed_makes_it_unknown(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let e1 = start_engine(io, EngineConfig::instant("other"));
+    let gw = gateway(io, &[&e0]);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let body = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = admin_with_body(
+        admin_addr,
+        "POST",
+        "/admin/backends",
+        Some(TOKEN),
+        &format!(r#"{{"id":"o1","url":"{}","models":["other"]}}"#, e1.url()),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = Client::connect(addr).post("/v1/chat/completions", body, &[]);
+    assert_eq!((r.status, r.header("x-router-backend")), (200, Some("o1")));
+    let models = Client::connect(addr).get("/v1/models").json();
+    assert_eq!(models["data"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        admin(admin_addr, "DELETE", "/admin/backends/o1", Some(TOKEN)).status,
+        200
+    );
+    let gone = eventually(Duration::from_secs(5), || {
+        Client::connect(addr)
+            .post("/v1/chat/completions", body, &[])
+            .status
+            == 404
+    });
+    assert!(gone);
+    let r = Client::connect(addr).post("/v1/chat/completions", body, &[]);
+    assert_eq!(r.error_param_code().1, "model_not_found");
+    let models = Client::connect(addr).get("/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "sim");
+    assert_eq!(models["data"].as_array().unwrap().len(), 1);
+}
+both_drivers!(a_models_last_backend_removed_makes_it_unknown);
