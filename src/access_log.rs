@@ -4,9 +4,12 @@
 //! completion text, no credentials) and sends it over a lock-free crossbeam channel;
 //! the `radixgate-log` thread resolves names and emits it through `tracing` (JSON
 //! or text per `log.format`), so the request path never takes the stdout lock or
-//! makes a write syscall for logging.
+//! makes a write syscall for logging. Backend and model names come from the backend
+//! table, which the coordinator sends here before any shard can route with it.
 
+use crate::backends::LiveConfig;
 use crossbeam_channel::Receiver;
+use std::sync::Arc;
 
 const ID_CAP: usize = 128;
 
@@ -83,18 +86,23 @@ impl AccessRecord {
     }
 }
 
-/// Runs the log thread until every sender is gone. `models` and `backends` are
-/// the names behind the records' indices.
+/// Runs the log thread until every sender is gone. `live` gives the names behind
+/// the records' backend and model indices; `updates` brings each new table, sent
+/// before the shards get it, so it is always here before the records that use it.
 pub fn run(
     records: Receiver<AccessRecord>,
-    models: Vec<String>,
-    backends: Vec<String>,
+    mut live: Arc<LiveConfig>,
+    updates: Receiver<Arc<LiveConfig>>,
     tenants: Vec<String>,
 ) {
     for r in records {
+        while let Ok(newer) = updates.try_recv() {
+            live = newer;
+        }
+        let table = &live.backends;
         let tenant = r.tenant.map_or("", |t| tenants[t].as_str());
-        let model = r.model.map_or("", |m| models[m].as_str());
-        let backend = r.backend.map_or("", |b| backends[b].as_str());
+        let model = r.model.map_or("", |m| table.models().name(m));
+        let backend = r.backend.map_or("", |b| table.id(b));
         let trace_id = if r.trace_id == 0 {
             String::new()
         } else {

@@ -3,13 +3,21 @@
 //!
 //! Requests that read or change fleet state go to the coordinator as
 //! [`AdminRequest`]s over crossbeam and are answered from its authoritative view;
-//! every change reaches the shards as one new fleet snapshot.
+//! every change reaches the shards as one new fleet snapshot. A reload reads and
+//! validates the config file here, off the coordinator (see [`crate::reload`]).
 
+use crate::config::{BackendConfig, Config};
 use crate::error::{ErrorKind, GatewayError};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// Largest admin request body (a backend definition).
+const MAX_BODY: usize = 64 << 10;
+
+type Reply = Sender<Result<serde_json::Value, GatewayError>>;
 
 /// What the admin thread asks the coordinator; each carries its reply channel.
 pub enum AdminRequest {
@@ -23,21 +31,37 @@ pub enum AdminRequest {
     },
     /// JSON summary of the prefix index.
     Index(Sender<serde_json::Value>),
+    /// Add a validated backend (409 for a duplicate id).
+    AddBackend {
+        backend: Box<BackendConfig>,
+        reply: Reply,
+    },
+    /// Remove the backend with this id (404 unknown, 409 the last one).
+    RemoveBackend { id: String, reply: Reply },
+    /// Apply a reloaded, validated config; the reply summarises what changed.
+    Reload { config: Box<Config>, reply: Reply },
 }
 
-/// Serves the admin API on `listener` until `stop` fires or is dropped.
+/// Serves the admin API on `listener` until `stop` fires or is dropped. `source` is
+/// the config file a reload re-reads.
 pub fn serve(
     listener: TcpListener,
     token: String,
     coordinator: Sender<AdminRequest>,
+    source: Option<PathBuf>,
     stop: Receiver<()>,
 ) {
     let _ = listener.set_nonblocking(true);
+    let ctx = Context {
+        token,
+        coordinator,
+        source,
+    };
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
-                handle(stream, &token, &coordinator);
+                handle(stream, &ctx);
             }
             Err(_) => {
                 if !matches!(
@@ -51,12 +75,19 @@ pub fn serve(
     }
 }
 
-fn handle(mut stream: TcpStream, token: &str, coordinator: &Sender<AdminRequest>) {
+struct Context {
+    token: String,
+    coordinator: Sender<AdminRequest>,
+    source: Option<PathBuf>,
+}
+
+fn handle(mut stream: TcpStream, ctx: &Context) {
+    let token = ctx.token.as_str();
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
-    let (method, path, authorized) = loop {
+    let (method, path, authorized, head_len, body_len) = loop {
         match stream.read(&mut chunk) {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -64,17 +95,30 @@ fn handle(mut stream: TcpStream, token: &str, coordinator: &Sender<AdminRequest>
         let mut headers = [httparse::EMPTY_HEADER; 64];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
+            Ok(httparse::Status::Complete(head_len)) => {
                 let authorized = req.headers.iter().any(|h| {
                     h.name.eq_ignore_ascii_case("authorization")
                         && bearer(h.value).is_some_and(|t| {
                             constant_time_eq::constant_time_eq(t, token.as_bytes())
                         })
                 });
+                let body_len = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .map_or(Some(0), |h| {
+                        std::str::from_utf8(h.value)
+                            .ok()?
+                            .trim()
+                            .parse::<usize>()
+                            .ok()
+                    });
                 break (
                     req.method.unwrap_or("").to_string(),
                     req.path.unwrap_or("").to_string(),
                     authorized,
+                    head_len,
+                    body_len,
                 );
             }
             Ok(httparse::Status::Partial) if buf.len() < 16 << 10 => continue,
@@ -85,19 +129,29 @@ fn handle(mut stream: TcpStream, token: &str, coordinator: &Sender<AdminRequest>
             }
         }
     };
-    let result = if authorized {
-        route(&method, &path, coordinator)
-    } else {
+    let body = match body_len {
+        Some(n) if n <= MAX_BODY => read_body(&mut stream, buf, head_len, n),
+        _ => None,
+    };
+    let result = if !authorized {
         Err(GatewayError::new(
             ErrorKind::Unauthorized,
             "the admin API needs `Authorization: Bearer <admin token>`",
         ))
+    } else if let Some(body) = body {
+        route(&method, &path, &body, ctx)
+    } else {
+        Err(GatewayError::new(
+            ErrorKind::BadHttp,
+            format!("the admin request body must have a Content-Length of at most {MAX_BODY}"),
+        ))
     };
     let response = match result {
-        Ok(body) => {
+        Ok((status, body)) => {
             let body = body.to_string();
             format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                crate::error::reason_phrase(status),
                 body.len()
             )
             .into_bytes()
@@ -117,7 +171,27 @@ pub fn bearer(value: &[u8]) -> Option<&[u8]> {
     }
 }
 
-fn ask<T>(
+/// The `len`-byte body after the head (part of it may already be in `buf`).
+fn read_body(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    head_len: usize,
+    len: usize,
+) -> Option<Vec<u8>> {
+    let mut body = buf.split_off(head_len);
+    let mut chunk = [0u8; 4096];
+    while body.len() < len {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+        }
+    }
+    body.truncate(len);
+    Some(body)
+}
+
+/// Sends `make(reply)` to the coordinator and waits for its answer.
+pub(crate) fn ask<T>(
     coordinator: &Sender<AdminRequest>,
     make: impl FnOnce(Sender<T>) -> AdminRequest,
 ) -> Result<T, GatewayError> {
@@ -136,30 +210,64 @@ fn ask<T>(
 fn route(
     method: &str,
     path: &str,
-    coordinator: &Sender<AdminRequest>,
-) -> Result<serde_json::Value, GatewayError> {
+    body: &[u8],
+    ctx: &Context,
+) -> Result<(u16, serde_json::Value), GatewayError> {
+    let coordinator = &ctx.coordinator;
     let path = path.split('?').next().unwrap_or("");
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ok = |v| Ok((200, v));
     match (method, segments.as_slice()) {
-        ("GET", ["admin", "backends"]) => ask(coordinator, AdminRequest::Backends),
-        ("GET", ["admin", "index"]) => ask(coordinator, AdminRequest::Index),
+        ("GET", ["admin", "backends"]) => ok(ask(coordinator, AdminRequest::Backends)?),
+        ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
         ("POST", ["admin", "backends", id, action @ ("drain" | "undrain")]) => {
             let id = id.to_string();
             let on = *action == "drain";
-            ask(coordinator, |reply| AdminRequest::Drain { id, on, reply })?
-                .map_err(|e| GatewayError::new(ErrorKind::PathNotFound, e))
+            ok(
+                ask(coordinator, |reply| AdminRequest::Drain { id, on, reply })?
+                    .map_err(|e| GatewayError::new(ErrorKind::PathNotFound, e))?,
+            )
         }
-        ("POST", ["admin", "backends"]) | ("DELETE", ["admin", "backends", _]) | ("POST", ["admin", "reload"]) => {
-            Err(GatewayError::new(
-                ErrorKind::NotImplemented,
-                "adding and removing backends and config reload are not implemented yet; restart with the new config",
-            ))
+        ("POST", ["admin", "backends"]) => {
+            let backend = BackendConfig::from_json(body).map_err(|errors| {
+                GatewayError::new(
+                    ErrorKind::InvalidConfig,
+                    format!("invalid backend: {}", errors.0.join("; ")),
+                )
+            })?;
+            let backend = Box::new(backend);
+            let added = ask(coordinator, |reply| AdminRequest::AddBackend {
+                backend,
+                reply,
+            })??;
+            Ok((201, added))
         }
-        (_, ["admin", "backends"] | ["admin", "index"] | ["admin", "backends", _, _]) => Err(GatewayError::new(
+        ("DELETE", ["admin", "backends", id]) => {
+            let id = id.to_string();
+            ok(ask(coordinator, |reply| AdminRequest::RemoveBackend {
+                id,
+                reply,
+            })??)
+        }
+        ("POST", ["admin", "reload"]) => ok(crate::reload::from_file(
+            ctx.source.as_deref(),
+            coordinator,
+        )?),
+        (
+            _,
+            ["admin", "backends"]
+            | ["admin", "index"]
+            | ["admin", "reload"]
+            | ["admin", "backends", _]
+            | ["admin", "backends", _, _],
+        ) => Err(GatewayError::new(
             ErrorKind::MethodNotAllowed,
             "method not allowed on this admin endpoint",
         )),
-        _ => Err(GatewayError::new(ErrorKind::PathNotFound, format!("no admin endpoint {path}"))),
+        _ => Err(GatewayError::new(
+            ErrorKind::PathNotFound,
+            format!("no admin endpoint {path}"),
+        )),
     }
 }
 

@@ -504,6 +504,9 @@ pub struct Config {
     pub tenant_prefix_isolation: bool,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
+    /// The file this config was loaded from (what a reload re-reads); `None` when it
+    /// came from a string.
+    pub source: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -589,7 +592,9 @@ impl Config {
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigErrors> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigErrors(vec![format!("{}: {e}", path.display())]))?;
-        Config::from_toml(&text)
+        let mut config = Config::from_toml(&text)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// The models served, in first-seen order over the backends.
@@ -603,6 +608,66 @@ impl Config {
             }
         }
         models
+    }
+}
+
+/// One `[[backends]]` entry (also an admin API add); `at` is its key path.
+fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> BackendConfig {
+    if b.id.is_empty() || !b.id.bytes().all(|c| c.is_ascii_graphic()) {
+        errors.push(format!(
+            "{at}.id: must be non-empty printable ASCII without spaces"
+        ));
+    }
+    if b.cache_blocks == 0 {
+        errors.push(format!("{at}.cache_blocks: must be at least 1"));
+    }
+    if b.models.is_empty() {
+        errors.push(format!("{at}.models: list at least one model"));
+    }
+    let (addr, host) = match parse_http_url(&b.url) {
+        Ok(v) => v,
+        Err(e) => {
+            errors.push(format!("{at}.url: {e}"));
+            (SocketAddr::from(([127, 0, 0, 1], 0)), String::new())
+        }
+    };
+    BackendConfig {
+        id: b.id,
+        addr,
+        host,
+        models: b.models,
+        cache_blocks: b.cache_blocks,
+        kv_events: b.kv_events,
+        upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
+            Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
+            Err(_) => {
+                errors.push(format!("{at}.api_key_env: `{var}` is not set"));
+                None
+            }
+        }),
+    }
+}
+
+impl BackendConfig {
+    /// A backend from the admin API: a JSON object with the keys of a `[[backends]]`
+    /// entry, validated the same way (errors name `backend.<key>`).
+    pub fn from_json(body: &[u8]) -> Result<BackendConfig, ConfigErrors> {
+        let wire: BackendWire = serde_json::from_slice(body)
+            .map_err(|e| ConfigErrors(vec![format!("backend: {e}")]))?;
+        let mut errors = Vec::new();
+        let backend = validate_backend(wire, "backend", &mut errors);
+        if backend.kv_events.is_some() {
+            errors.push(
+                "backend.kv_events: KV-event subscriptions are bound at start; add this \
+                 backend to the config file and restart"
+                    .into(),
+            );
+        }
+        if errors.is_empty() {
+            Ok(backend)
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 }
 
@@ -784,42 +849,10 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     }
     let mut backends = Vec::with_capacity(wire.backends.len());
     for (i, b) in wire.backends.into_iter().enumerate() {
-        if b.id.is_empty() || !b.id.bytes().all(|c| c.is_ascii_graphic()) {
-            errors.push(format!(
-                "backends[{i}].id: must be non-empty printable ASCII without spaces"
-            ));
-        }
         if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
             errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
         }
-        if b.cache_blocks == 0 {
-            errors.push(format!("backends[{i}].cache_blocks: must be at least 1"));
-        }
-        if b.models.is_empty() {
-            errors.push(format!("backends[{i}].models: list at least one model"));
-        }
-        let (addr, host) = match parse_http_url(&b.url) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(format!("backends[{i}].url: {e}"));
-                (SocketAddr::from(([127, 0, 0, 1], 0)), String::new())
-            }
-        };
-        backends.push(BackendConfig {
-            id: b.id,
-            addr,
-            host,
-            models: b.models,
-            cache_blocks: b.cache_blocks,
-            kv_events: b.kv_events,
-            upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
-                Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
-                Err(_) => {
-                    errors.push(format!("backends[{i}].api_key_env: `{var}` is not set"));
-                    None
-                }
-            }),
-        });
+        backends.push(validate_backend(b, &format!("backends[{i}]"), errors));
     }
     let rw = wire.retry;
     let max_attempts = NonZeroU32::new(rw.max_attempts).unwrap_or_else(|| {
@@ -959,6 +992,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         tenant_prefix_isolation,
         tenants,
         backends,
+        source: None,
     }
 }
 

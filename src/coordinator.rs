@@ -2,12 +2,17 @@
 //!
 //! It owns the authoritative prefix index and session table, numbers and fans out
 //! the index events shards send it (see [`crate::replica`]), and turns health-check
-//! results into immutable [`FleetSnapshot`]s published to every shard on change. The
-//! health checks themselves run on their own thread ([`run_health_checks`]) so a
-//! slow backend never delays replication.
+//! results, breaker changes and admin changes into immutable [`FleetSnapshot`]s
+//! published to every shard on change. The backend table and live settings are
+//! part of the snapshot; adding and removing backends and applying a reloaded
+//! config live in [`changes`]. The health checks run on their own thread
+//! ([`run_health_checks`]) so a slow backend never delays replication.
+
+mod changes;
 
 use crate::admin::AdminRequest;
-use crate::config::{BackendConfig, HealthConfig};
+use crate::backends::LiveConfig;
+use crate::config::{BackendConfig, Config};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
 use crate::replica::{IndexEvent, IndexOp, SessionTable};
@@ -35,8 +40,15 @@ pub struct Outcome {
     pub ok: bool,
 }
 
+/// Per backend slot (retired slots keep theirs): breaker, health, drain, engine load
+/// and index capacity.
 pub struct Coordinator {
     shared: Arc<Shared>,
+    /// The backend table and settings in force, as last published.
+    live: Arc<LiveConfig>,
+    /// Threads that follow the live config besides the shards (health checks, the
+    /// access log); each new one goes to them before it reaches any shard.
+    followers: Vec<Sender<Arc<LiveConfig>>>,
     breakers: Vec<Breaker>,
     breaker_config: BreakerConfig,
     healthy: Vec<bool>,
@@ -51,28 +63,27 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        let n = shared.config.backends.len();
-        let index = new_index(&shared);
+    pub fn new(
+        shared: Arc<Shared>,
+        live: Arc<LiveConfig>,
+        followers: Vec<Sender<Arc<LiveConfig>>>,
+    ) -> Self {
+        let n = live.backends.len();
+        let index = new_index(&shared.config, &live);
         let sessions = SessionTable::new(
             shared.config.routing.session_ttl.as_millis() as u64,
             shared.config.routing.max_sessions,
         );
-        let capacity = shared
-            .config
-            .backends
-            .iter()
-            .map(|b| b.cache_blocks)
+        let capacity = (0..n)
+            .map(|b| live.backends.config(b).cache_blocks)
             .collect();
-        let breaker_config = BreakerConfig {
-            failure_threshold: shared.config.breaker.failure_threshold,
-            open_ms: shared.config.breaker.open.as_millis() as u64,
-        };
         Self {
             breakers: vec![Breaker::default(); n],
-            breaker_config,
+            breaker_config: breaker_config(&live.config),
             capacity,
             shared,
+            live,
+            followers,
             healthy: vec![true; n],
             passes: vec![0; n],
             failures: vec![0; n],
@@ -111,11 +122,7 @@ impl Coordinator {
                 }
                 recv(outcomes) -> o => {
                     if let Ok(o) = o {
-                        let now = self.shared.now_ms();
-                        if self.breakers[o.backend].on_outcome(o.ok, now, &self.breaker_config) {
-                            self.log_breaker(o.backend);
-                            self.publish_fleet();
-                        }
+                        self.on_outcome(o);
                     }
                 }
                 default(next) => {
@@ -145,6 +152,17 @@ impl Coordinator {
         }
     }
 
+    fn on_outcome(&mut self, o: Outcome) {
+        if !self.live.backends.is_live(o.backend) {
+            return; // a request that finished on a removed backend
+        }
+        let now = self.shared.now_ms();
+        if self.breakers[o.backend].on_outcome(o.ok, now, &self.breaker_config) {
+            self.log_breaker(o.backend);
+            self.publish_fleet();
+        }
+    }
+
     fn replicate(&mut self, event: IndexEvent) {
         self.shared
             .coordinator_received
@@ -168,6 +186,9 @@ impl Coordinator {
 
     fn on_health(&mut self, r: HealthReport) {
         let i = r.backend;
+        if !self.live.backends.is_live(i) {
+            return; // removed since the probe started
+        }
         let mut changed = false;
         if let Some(ok) = r.ok {
             changed |= self.on_check(i, ok);
@@ -189,18 +210,20 @@ impl Coordinator {
     fn on_admin(&mut self, request: AdminRequest) {
         match request {
             AdminRequest::Backends(reply) => {
-                let all = (0..self.draining.len())
-                    .map(|b| self.backend_json(b))
+                let all = self
+                    .live
+                    .backends
+                    .live()
+                    .map(|(b, _)| self.backend_json(b))
                     .collect();
                 let _ = reply.send(serde_json::Value::Array(all));
             }
             AdminRequest::Index(reply) => {
                 let shared = &self.shared;
-                let per_backend: serde_json::Map<String, serde_json::Value> = shared
-                    .config
+                let per_backend: serde_json::Map<String, serde_json::Value> = self
+                    .live
                     .backends
-                    .iter()
-                    .enumerate()
+                    .live()
                     .map(|(i, b)| (b.id.clone(), json!(self.index.held_blocks(i))))
                     .collect();
                 let sent: Vec<u64> = (0..shared.shard_commands.len())
@@ -217,8 +240,7 @@ impl Coordinator {
                 }));
             }
             AdminRequest::Drain { id, on, reply } => {
-                let found = self.shared.config.backends.iter().position(|b| b.id == id);
-                let result = match found {
+                let result = match self.live.backends.find(&id) {
                     Some(b) => {
                         if self.draining[b] != on {
                             self.draining[b] = on;
@@ -231,11 +253,20 @@ impl Coordinator {
                 };
                 let _ = reply.send(result);
             }
+            AdminRequest::AddBackend { backend, reply } => {
+                let _ = reply.send(self.on_add(*backend));
+            }
+            AdminRequest::RemoveBackend { id, reply } => {
+                let _ = reply.send(self.on_remove(&id));
+            }
+            AdminRequest::Reload { config, reply } => {
+                let _ = reply.send(self.on_reload(*config));
+            }
         }
     }
 
     fn backend_json(&self, b: usize) -> serde_json::Value {
-        let cfg = &self.shared.config.backends[b];
+        let cfg = self.live.backends.config(b);
         let in_flight = self.shared.in_flight.total(b);
         json!({
             "id": cfg.id,
@@ -259,7 +290,7 @@ impl Coordinator {
 
     fn log_breaker(&self, backend: usize) {
         let state = self.breakers[backend].state();
-        let id = &self.shared.config.backends[backend].id;
+        let id = self.live.backends.id(backend);
         tracing::warn!(backend = %id, state = state.as_str(), "circuit breaker changed state");
     }
 
@@ -268,6 +299,7 @@ impl Coordinator {
         self.version += 1;
         let snapshot = Arc::new(FleetSnapshot {
             version: self.version,
+            live: self.live.clone(),
             healthy: self.healthy.clone().into_boxed_slice(),
             engine: self.engine.clone().into_boxed_slice(),
             breaker: self.breakers.iter().map(Breaker::state).collect(),
@@ -280,8 +312,8 @@ impl Coordinator {
 
     /// Applies one health-check result; true when the backend changed state.
     fn on_check(&mut self, i: usize, ok: bool) -> bool {
-        let thresholds = &self.shared.config.health;
-        let id = &self.shared.config.backends[i].id;
+        let thresholds = &self.live.config.health;
+        let id = self.live.backends.id(i);
         let flip = if ok {
             self.passes[i] += 1;
             self.failures[i] = 0;
@@ -308,7 +340,7 @@ impl Coordinator {
         let blocks = ((cache_tokens as f64 / tokens_per_block) as usize).max(1);
         if blocks != self.capacity[backend] {
             self.capacity[backend] = blocks;
-            tracing::info!(backend = %self.shared.config.backends[backend].id, blocks, "index capacity follows the engine's cache size");
+            tracing::info!(backend = %self.live.backends.id(backend), blocks, "index capacity follows the engine's cache size");
             self.apply_and_fan_out(IndexEvent {
                 origin_shard: usize::MAX,
                 created: std::time::Instant::now(),
@@ -318,23 +350,32 @@ impl Coordinator {
     }
 }
 
-/// A prefix index with every backend declared at its configured capacity.
-pub fn new_index(shared: &Shared) -> PrefixIndex {
+fn breaker_config(config: &Config) -> BreakerConfig {
+    BreakerConfig {
+        failure_threshold: config.breaker.failure_threshold,
+        open_ms: config.breaker.open.as_millis() as u64,
+    }
+}
+
+/// A prefix index with every live backend declared at its configured capacity.
+pub fn new_index(config: &Config, live: &LiveConfig) -> PrefixIndex {
     let mut index = PrefixIndex::new(IndexConfig {
-        max_blocks: shared.config.routing.index_max_blocks,
+        max_blocks: config.routing.index_max_blocks,
     });
-    for (i, b) in shared.config.backends.iter().enumerate() {
+    for (i, b) in live.backends.live() {
         index.set_capacity(i, b.cache_blocks);
     }
     index
 }
 
-/// The probe thread: health-checks every backend each `health.interval` and scrapes
-/// its `/metrics` each `health.scrape_interval`, reporting to the coordinator. Ends
-/// when `stop` is dropped or fires.
+/// The probe thread: health-checks every live backend each `health.interval` and
+/// scrapes its `/metrics` each `health.scrape_interval`, reporting to the coordinator.
+/// A new live config (`updates`: backends added or removed, new health settings)
+/// takes effect at once, with an immediate round so a new backend is checked
+/// without waiting an interval. Ends when `stop` is dropped or fires.
 pub fn run_health_checks(
-    backends: Vec<BackendConfig>,
-    health: HealthConfig,
+    mut live: Arc<LiveConfig>,
+    updates: Receiver<Arc<LiveConfig>>,
     reports: Sender<HealthReport>,
     stop: Receiver<()>,
 ) {
@@ -342,6 +383,7 @@ pub fn run_health_checks(
     let mut next_check = start;
     let mut next_scrape = start;
     loop {
+        let health = live.config.health.clone();
         let now = Instant::now();
         let check = now >= next_check;
         let scrape = health.scrape_interval.is_some() && now >= next_scrape;
@@ -351,7 +393,7 @@ pub fn run_health_checks(
         if let Some(every) = health.scrape_interval.filter(|_| scrape) {
             next_scrape = now + every;
         }
-        for (i, b) in backends.iter().enumerate() {
+        for (i, b) in live.backends.live() {
             let report = HealthReport {
                 backend: i,
                 ok: check.then(|| probe_health(b, health.timeout)),
@@ -373,6 +415,14 @@ pub fn run_health_checks(
         }
         select! {
             recv(stop) -> _ => return,
+            recv(updates) -> update => match update {
+                Ok(newer) => {
+                    live = newer;
+                    next_check = Instant::now();
+                    next_scrape = next_check;
+                }
+                Err(_) => return,
+            },
             default(wake.saturating_duration_since(Instant::now())) => {}
         }
     }

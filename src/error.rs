@@ -32,6 +32,11 @@ pub enum ErrorKind {
     NotImplemented,
     /// A tenant quota (requests, tokens or concurrency) refused the request.
     RateLimited,
+    /// An admin change that clashes with the current state (a duplicate backend id).
+    Conflict,
+    /// A config (file or admin API backend) that fails validation; the message lists
+    /// every error with its key path.
+    InvalidConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +72,11 @@ impl GatewayError {
 
     pub fn status(&self) -> u16 {
         match self.kind {
-            ErrorKind::MalformedJson | ErrorKind::InvalidParam | ErrorKind::BadHttp => 400,
+            ErrorKind::MalformedJson
+            | ErrorKind::InvalidParam
+            | ErrorKind::BadHttp
+            | ErrorKind::InvalidConfig => 400,
+            ErrorKind::Conflict => 409,
             ErrorKind::ModelNotFound | ErrorKind::PathNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::BodyTooLarge => 413,
@@ -92,7 +101,9 @@ impl GatewayError {
             | ErrorKind::PathNotFound
             | ErrorKind::MethodNotAllowed
             | ErrorKind::Unauthorized
-            | ErrorKind::RateLimited => Fault::Client,
+            | ErrorKind::RateLimited
+            | ErrorKind::Conflict
+            | ErrorKind::InvalidConfig => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
@@ -138,6 +149,8 @@ impl GatewayError {
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::RateLimited => "rate_limit_exceeded",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::InvalidConfig => "invalid_config",
         }
     }
 
@@ -206,11 +219,13 @@ pub fn reason_phrase(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         200 => "OK",
+        201 => "Created",
         400 => "Bad Request",
         401 => "Unauthorized",
         501 => "Not Implemented",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        409 => "Conflict",
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",

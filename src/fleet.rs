@@ -2,19 +2,26 @@
 //! the coordinator on every change, and the cross-shard [`InFlight`] counters.
 //!
 //! Snapshots arrive whole (one `Arc` swap per change), so a shard never sees half an
-//! update. In-flight counts are the one piece of fleet state written on the request
+//! update: the backend table and live settings ([`LiveConfig`]) travel inside them,
+//! next to each slot's health, breaker, drain state and engine load. In-flight counts are the one piece of fleet state written on the request
 //! path; each shard writes only its own padded slots (one writer per cache line, so
 //! plain relaxed load+store with no locked instruction), and readers sum the rows.
 //! Relaxed ordering is enough: the sum is a load estimate for balancing, nothing
 //! synchronises through it, and a momentarily stale count only skews one pick.
 
+use crate::backends::LiveConfig;
 use crate::engine_metrics::EngineLoad;
 use radixgate_orchestrator::BreakerState;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
+/// Per backend slot (see [`crate::backends`]), retired slots included.
 #[derive(Debug, Clone)]
 pub struct FleetSnapshot {
     pub version: u64,
+    /// The backend table and the settings in force; shared between snapshots until
+    /// a backend or setting changes.
+    pub live: Arc<LiveConfig>,
     pub healthy: Box<[bool]>,
     /// Each engine's own load as last scraped; `None` when unknown or stale.
     pub engine: Box<[Option<EngineLoad>]>,
@@ -24,9 +31,12 @@ pub struct FleetSnapshot {
 }
 
 impl FleetSnapshot {
-    pub fn all_healthy(backends: usize) -> Self {
+    /// Every backend healthy, as at start-up.
+    pub fn all_healthy(live: Arc<LiveConfig>) -> Self {
+        let backends = live.backends.len();
         Self {
             version: 0,
+            live,
             healthy: vec![true; backends].into_boxed_slice(),
             engine: vec![None; backends].into_boxed_slice(),
             breaker: vec![BreakerState::Closed; backends].into_boxed_slice(),
@@ -40,7 +50,7 @@ impl FleetSnapshot {
     }
 
     pub fn any_healthy(&self) -> bool {
-        self.healthy.iter().any(|h| *h)
+        self.live.backends.live().any(|(b, _)| self.healthy[b])
     }
 }
 

@@ -4,6 +4,8 @@
 //! Listeners are bound on the caller's thread before any thread starts, so a caller
 //! (a test, the demo) knows the port at once and never waits for start-up.
 
+use crate::admin::AdminRequest;
+use crate::backends::LiveConfig;
 use crate::config::Config;
 use crate::coordinator::{run_health_checks, Coordinator};
 use crate::fleet::FleetSnapshot;
@@ -23,6 +25,11 @@ pub struct Gateway {
     /// Dropping the sender stops the coordinator and health threads.
     control: Option<(crossbeam_channel::Sender<()>, Vec<JoinHandle<()>>)>,
     admin_addr: Option<SocketAddr>,
+    /// To the coordinator (reloads); held for the gateway's life, so the
+    /// coordinator's admin channel never disconnects.
+    coordinator: crossbeam_channel::Sender<AdminRequest>,
+    /// The config file a reload re-reads.
+    source: Option<std::path::PathBuf>,
 }
 
 impl Gateway {
@@ -41,7 +48,7 @@ impl Gateway {
         let (cmd_txs, cmd_rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded()).unzip();
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
-        let (admin_tx, mut admin_rx) = crossbeam_channel::unbounded();
+        let (admin_tx, admin_rx) = crossbeam_channel::unbounded();
         let (access_tx, access_rx) = match config.log.access {
             true => {
                 let (tx, rx) = crossbeam_channel::unbounded();
@@ -58,14 +65,11 @@ impl Gateway {
             .as_ref()
             .map(|(l, _)| l.local_addr())
             .transpose()?;
-        if admin_listener.is_none() {
-            // No admin thread will hold the sender: a disconnected channel would make
-            // the coordinator's select spin, so give it one that never fires.
-            admin_rx = crossbeam_channel::never();
-        }
         let core_ids = core_affinity::get_core_ids().unwrap_or_default();
         let cores = config.server.cores.clone();
         let coordinator_core = config.server.coordinator_core;
+        let source = config.source.clone();
+        let live = LiveConfig::initial(&config);
         let shared = Arc::new(Shared::new(
             config,
             cmd_txs,
@@ -73,7 +77,7 @@ impl Gateway {
             outcomes_tx,
             access_tx,
         ));
-        let initial = Arc::new(FleetSnapshot::all_healthy(shared.config.backends.len()));
+        let initial = Arc::new(FleetSnapshot::all_healthy(live.clone()));
         // Precise mode: bind the KV-event endpoints now, so a bad one fails start-up.
         let kv_sockets = kv_subscriptions(&shared.config)
             .map(|(subs, block_tokens)| {
@@ -135,7 +139,15 @@ impl Gateway {
         // Dropping `stop_tx` ends the coordinator and the health checker.
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let (health_tx, health_rx) = crossbeam_channel::unbounded();
-        let coordinator = Coordinator::new(shared.clone());
+        // The health checker and the access log follow backend and setting changes.
+        let (health_live_tx, health_live_rx) = crossbeam_channel::unbounded();
+        let mut followers = vec![health_live_tx];
+        let log_live_rx = access_rx.is_some().then(|| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            followers.push(tx);
+            rx
+        });
+        let coordinator = Coordinator::new(shared.clone(), live.clone(), followers);
         let coordinator_core_id =
             coordinator_core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
         let coord_stop = stop_rx.clone();
@@ -148,21 +160,23 @@ impl Gateway {
                 coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx, admin_rx)
             })?;
         let mut control_threads = vec![coord_handle];
-        if let Some(records) = access_rx {
-            let models = shared.models.names().to_vec();
-            let backends = shared.backend_ids.clone();
+        if let (Some(records), Some(updates)) = (access_rx, log_live_rx) {
             let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
+            let live = live.clone();
             // Ends on its own once the shards and coordinator drop their senders.
             std::thread::Builder::new()
                 .name("radixgate-log".into())
-                .spawn(move || crate::access_log::run(records, models, backends, tenants))?;
+                .spawn(move || crate::access_log::run(records, live, updates, tenants))?;
         }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();
+            let (admin_tx, source) = (admin_tx.clone(), source.clone());
             control_threads.push(
                 std::thread::Builder::new()
                     .name("radixgate-admin".into())
-                    .spawn(move || crate::admin::serve(listener, token, admin_tx, admin_stop))?,
+                    .spawn(move || {
+                        crate::admin::serve(listener, token, admin_tx, source, admin_stop)
+                    })?,
             );
         }
         if let Some((sockets, block_tokens)) = kv_sockets {
@@ -173,15 +187,13 @@ impl Gateway {
                     .spawn(move || crate::kv_events::run(sockets, block_tokens, shared, stop))?,
             );
         }
-        let backends = shared.config.backends.clone();
-        let health = shared.config.health.clone();
         let health_handle = std::thread::Builder::new()
             .name("radixgate-health".into())
             .spawn(move || {
                 if let Some(core) = coordinator_core_id {
                     core_affinity::set_for_current(core);
                 }
-                run_health_checks(backends, health, health_tx, stop_rx)
+                run_health_checks(live, health_live_rx, health_tx, stop_rx)
             })?;
         tracing::info!(%addr, shards, driver = driver.as_str(), "radixgate listening");
         Ok(Gateway {
@@ -194,7 +206,16 @@ impl Gateway {
                 control_threads
             })),
             admin_addr,
+            coordinator: admin_tx,
+            source,
         })
+    }
+
+    /// Re-reads the config file the gateway started with and applies it (what
+    /// SIGHUP and `POST /admin/reload` do): the JSON summary of what changed, or the
+    /// validation errors, in which case the running config stays.
+    pub fn reload(&self) -> Result<serde_json::Value, crate::error::GatewayError> {
+        crate::reload::from_file(self.source.as_deref(), &self.coordinator)
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -11,6 +11,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod backends;
 pub mod chat_template;
 pub mod config;
 pub mod coordinator;
@@ -28,6 +29,7 @@ pub mod open_conns;
 pub mod openai;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod replica;
 pub mod runtime;
 pub mod server;

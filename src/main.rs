@@ -116,15 +116,33 @@ fn init_logging(level: &str, json: bool) {
     }
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_ctrl_c() {
-    let (tx, rx) = crossbeam_channel::bounded::<()>(1);
-    if let Err(e) = ctrlc::set_handler(move || {
-        let _ = tx.try_send(());
-    }) {
-        eprintln!("radixgate: cannot handle Ctrl-C ({e}); stop the process with SIGKILL");
+/// Blocks until SIGINT or SIGTERM. With `reload`, SIGHUP calls it and waits on;
+/// without, SIGHUP (a closed terminal) stops too.
+fn wait_for_signals(reload: Option<&dyn Fn()>) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("radixgate: cannot handle signals ({e}); stop the process with SIGKILL");
+            loop {
+                std::thread::park();
+            }
+        }
+    };
+    for signal in signals.forever() {
+        match (signal, reload) {
+            (SIGHUP, Some(reload)) => reload(),
+            _ => return,
+        }
     }
-    let _ = rx.recv();
+}
+
+/// SIGHUP: reload the config file, logging what changed or why nothing did.
+fn reload_on_sighup(gateway: &radixgate::Gateway) {
+    match gateway.reload() {
+        Ok(_) => tracing::info!("SIGHUP: config reloaded"),
+        Err(e) => tracing::error!(error = %e.message, "SIGHUP: config reload refused"),
+    }
 }
 
 fn main() -> ExitCode {
@@ -177,7 +195,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            wait_for_ctrl_c();
+            wait_for_signals(Some(&|| reload_on_sighup(&gateway)));
             gateway.shutdown();
             ExitCode::SUCCESS
         }
@@ -197,7 +215,7 @@ fn main() -> ExitCode {
             }
             println!("Try:\n  curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"sim\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
             println!("Streaming: add \"stream\":true. Metrics: curl http://{addr}/metrics. Ctrl-C stops.");
-            wait_for_ctrl_c();
+            wait_for_signals(None);
             demo.gateway.shutdown();
             ExitCode::SUCCESS
         }
@@ -231,7 +249,7 @@ fn main() -> ExitCode {
             match engine_sim::start(cfg, a.listen, Driver::resolve(io)) {
                 Ok(engine) => {
                     println!("engine-sim listening on {}", engine.url());
-                    wait_for_ctrl_c();
+                    wait_for_signals(None);
                     engine.stop();
                     ExitCode::SUCCESS
                 }

@@ -113,6 +113,27 @@ impl ShardMetrics {
         }
     }
 
+    /// Grows the per-model and per-backend rows (backends and models are only ever
+    /// added: see [`crate::backends`]).
+    pub fn resize(&mut self, models: usize, backends: usize) {
+        for h in [&mut self.ttft, &mut self.total] {
+            if h.len() < models {
+                h.resize(models, Histogram::default());
+            }
+        }
+        for v in [
+            &mut self.predicted_cached,
+            &mut self.reported_cached,
+            &mut self.prediction_abs_error,
+            &mut self.matched_blocks,
+            &mut self.retries,
+        ] {
+            if v.len() < backends {
+                v.resize(backends, 0);
+            }
+        }
+    }
+
     pub fn count_request(&mut self, key: RequestKey) {
         *self.requests.entry(key).or_insert(0) += 1;
     }
@@ -155,7 +176,10 @@ impl ShardMetrics {
 
 /// Gateway-wide values read at scrape time.
 pub struct Gauges<'a> {
+    /// Every backend slot's id (labels); per-backend rows skip retired slots.
     pub backend_ids: &'a [String],
+    /// Per slot: false once the backend was removed.
+    pub live: &'a [bool],
     pub models: &'a [String],
     /// Current in-flight count per backend.
     pub in_flight: &'a [u32],
@@ -177,6 +201,16 @@ pub struct Gauges<'a> {
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+impl Gauges<'_> {
+    /// `(slot, id)` of every backend not removed.
+    fn live_ids(&self) -> impl Iterator<Item = (usize, &String)> {
+        self.backend_ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.live.get(*i).copied().unwrap_or(true))
+    }
 }
 
 /// Merges every shard's copy and renders Prometheus text.
@@ -245,7 +279,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         "gauge",
         "Requests currently in flight to each backend, across shards.",
     );
-    for (i, id) in g.backend_ids.iter().enumerate() {
+    for (i, id) in g.live_ids() {
         let _ = writeln!(
             out,
             "radixgate_backend_in_flight{{backend=\"{id}\"}} {}",
@@ -281,12 +315,13 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     ];
     for (name, help, values) in per_backend {
         header(&mut out, name, "counter", help);
-        for (i, id) in g.backend_ids.iter().enumerate() {
-            let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", values[i]);
+        for (i, id) in g.live_ids() {
+            let v = values.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {v}");
         }
     }
     header(&mut out, "radixgate_backend_prefill_ns_per_token", "gauge", "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).");
-    for (i, id) in g.backend_ids.iter().enumerate() {
+    for (i, id) in g.live_ids() {
         let learned: Vec<u64> = shards
             .iter()
             .filter_map(|s| s.prefill_ns.get(i))
@@ -323,7 +358,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     ];
     for (name, help, get) in engine_gauges {
         header(&mut out, name, "gauge", help);
-        for (i, id) in g.backend_ids.iter().enumerate() {
+        for (i, id) in g.live_ids() {
             if let Some(e) = g.engine.get(i).copied().flatten() {
                 let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", get(&e));
             }
@@ -372,7 +407,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         "gauge",
         "Circuit breaker per backend: 0 closed, 1 half-open, 2 open.",
     );
-    for (i, id) in g.backend_ids.iter().enumerate() {
+    for (i, id) in g.live_ids() {
         let level = g.breaker.get(i).map_or(0, |b| b.level());
         let _ = writeln!(out, "radixgate_breaker_state{{backend=\"{id}\"}} {level}");
     }
@@ -382,7 +417,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         "gauge",
         "1 when the backend passes its active health checks.",
     );
-    for (i, id) in g.backend_ids.iter().enumerate() {
+    for (i, id) in g.live_ids() {
         let up = g.healthy.get(i).copied().unwrap_or(false) as u8;
         let _ = writeln!(out, "radixgate_backend_healthy{{backend=\"{id}\"}} {up}");
     }
@@ -504,6 +539,7 @@ mod tests {
             &[a, b],
             &Gauges {
                 backend_ids: &["b0".into()],
+                live: &[true],
                 models: &["sim".into()],
                 in_flight: &[4],
                 replica_sent: &[0, 0],

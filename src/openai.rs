@@ -32,7 +32,7 @@ pub struct RequestFacts {
 }
 
 /// Model name → dense index, shared read-only by all shards.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ModelTable {
     names: Vec<String>,
     index: HashMap<String, usize>,

@@ -3,7 +3,8 @@
 //! A shard owns its pool outright (no sharing, no locks). Connections are reused
 //! most-recent-first, so the warmest socket goes out and the oldest ones age out;
 //! a connection idle longer than `pool_idle_expiry` is closed instead of reused, and
-//! at most `pool_max_idle` are kept per backend.
+//! at most `pool_max_idle` are kept per backend. Pools carry over a config reload:
+//! new backend slots get an empty queue, and a retired backend's queue is closed.
 
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -27,6 +28,27 @@ impl UpstreamPool {
             idle: (0..backends).map(|_| VecDeque::new()).collect(),
             max_idle,
             expiry,
+        }
+    }
+
+    /// Follows new live settings: queues for `backends` slots, new limits.
+    pub fn configure(&mut self, backends: usize, max_idle: usize, expiry: Duration) {
+        if self.idle.len() < backends {
+            self.idle.resize_with(backends, VecDeque::new);
+        }
+        self.max_idle = max_idle;
+        self.expiry = expiry;
+        for queue in &mut self.idle {
+            while queue.len() > max_idle {
+                queue.pop_front();
+            }
+        }
+    }
+
+    /// Closes every idle connection to `backend` (removed, or moved to a new address).
+    pub fn close(&mut self, backend: usize) {
+        if let Some(queue) = self.idle.get_mut(backend) {
+            queue.clear();
         }
     }
 

@@ -28,11 +28,14 @@ pub enum IndexOp {
         blocks: Arc<[u64]>,
         from: usize,
     },
-    /// The engine reported its cache size: the backend's capacity in the index.
+    /// The backend's capacity in the index: configured (which declares a new
+    /// backend) or reported by the engine.
     SetCapacity { backend: BackendIdx, blocks: usize },
     /// The engine's cache was cleared, or its KV events had a gap: the backend
     /// holds nothing now (its capacity stays).
     Clear { backend: BackendIdx },
+    /// The backend was removed: drop every block it held and undeclare it.
+    RemoveBackend { backend: BackendIdx },
     /// The conversation `session` (hash of its `X-Session-ID`) lives on `backend`.
     BindSession {
         session: u64,
@@ -67,6 +70,7 @@ impl IndexEvent {
                 index.remove_backend(*backend);
                 index.set_capacity(*backend, capacity);
             }
+            IndexOp::RemoveBackend { backend } => index.remove_backend(*backend),
             IndexOp::BindSession {
                 session,
                 backend,

@@ -307,7 +307,15 @@ async fn write_local(
 fn models_json(shard: &Shard) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
-    for (i, name) in shard.shared.models.names().iter().enumerate() {
+    let fleet = shard.fleet.borrow().clone();
+    let table = &fleet.live.backends;
+    let served = table
+        .models()
+        .names()
+        .iter()
+        .enumerate()
+        .filter(|(m, _)| !table.serving(*m).is_empty());
+    for (i, (_, name)) in served.enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -340,8 +348,12 @@ async fn scrape(shard: &Shard) -> String {
     copies.sort_by_key(|m| m.shard);
     let fleet = shard.fleet.borrow().clone();
     let tenants: Vec<String> = shared.tenants.iter().map(|t| t.name.clone()).collect();
-    let backends = shared.backend_ids.len();
-    let in_flight: Vec<u32> = (0..backends).map(|b| shared.in_flight.total(b)).collect();
+    let table = &fleet.live.backends;
+    let backend_ids = table.ids();
+    let live: Vec<bool> = (0..table.len()).map(|b| table.is_live(b)).collect();
+    let in_flight: Vec<u32> = (0..table.len())
+        .map(|b| shared.in_flight.total(b))
+        .collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
         .collect();
@@ -355,8 +367,9 @@ async fn scrape(shard: &Shard) -> String {
     metrics::render(
         &copies,
         &metrics::Gauges {
-            backend_ids: &shared.backend_ids,
-            models: shared.models.names(),
+            backend_ids: &backend_ids,
+            live: &live,
+            models: table.models().names(),
             in_flight: &in_flight,
             replica_sent: &replica_sent,
             index_blocks: shared

@@ -4,15 +4,19 @@
 //! Everything a request touches lives here, owned by the shard's thread (`Rc`,
 //! `RefCell`): the routing policies and RNG, the upstream connection pool, the
 //! parsing scratch, the metrics. The only cross-thread state on the request path is
-//! the immutable [`Shared`] (config, model table) and the relaxed in-flight counters.
-//! The coordinator reaches a shard through its command channel: new fleet snapshots,
-//! metric collection, shutdown.
+//! the immutable [`Shared`] (start-up config, tenants) and the relaxed in-flight
+//! counters. The coordinator reaches a shard through its command channel: new fleet
+//! snapshots (which carry the backend table and live settings), index events,
+//! metric collection. A snapshot with new live settings is installed between
+//! requests: per-backend state grows to the new slots, retired backends' pooled
+//! connections close, and the policies are rebuilt.
 
+use crate::backends::MAX_BACKEND_SLOTS;
 use crate::config::{Config, Hashing};
 use crate::fleet::{FleetSnapshot, InFlight};
 use crate::metrics::ShardMetrics;
 use crate::open_conns::OpenConnections;
-use crate::openai::{BodyParser, ModelTable};
+use crate::openai::BodyParser;
 use crate::pool::UpstreamPool;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
 use crate::tenants::{Bucket, KeyTable, Tenant};
@@ -29,14 +33,13 @@ use std::time::Instant;
 
 /// Read-only state shared by every shard.
 pub struct Shared {
+    /// The config as started. Keys that can change at run time (backends, routing
+    /// policy and knobs, upstream, health, retry, breaker) are read from the fleet
+    /// snapshot's [`LiveConfig`](crate::backends::LiveConfig) instead.
     pub config: Config,
-    pub models: ModelTable,
-    /// `model_backends[model]`: the backends serving that model, in config order.
-    pub model_backends: Vec<Vec<usize>>,
-    pub backend_ids: Vec<String>,
+    /// Per shard and backend slot, sized for [`MAX_BACKEND_SLOTS`].
     pub in_flight: InFlight,
     pub shard_commands: Vec<flume::Sender<ShardCommand>>,
-    pub policy_config: PolicyConfig,
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
     /// Shard → log thread, one record per request (`None` when access logs are off).
@@ -65,27 +68,6 @@ impl Shared {
         outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
         access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
     ) -> Shared {
-        let models = ModelTable::new(config.models());
-        let model_backends = models
-            .names()
-            .iter()
-            .map(|m| {
-                config
-                    .backends
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.models.contains(m))
-                    .map(|(i, _)| i)
-                    .collect()
-            })
-            .collect();
-        let backend_ids: Vec<String> = config.backends.iter().map(|b| b.id.clone()).collect();
-        let policy_config = PolicyConfig {
-            backend_ids: backend_ids.clone(),
-            hash_load_factor: config.routing.hash_load_factor,
-            hash_virtual_nodes: config.routing.hash_virtual_nodes,
-            prefix: config.routing.prefix_aware.clone(),
-        };
         let mut keys = KeyTable::default();
         let tenants = config
             .tenants
@@ -122,12 +104,8 @@ impl Shared {
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
             epoch: Instant::now(),
-            in_flight: InFlight::new(config.server.shards.get(), config.backends.len()),
-            models,
-            model_backends,
-            backend_ids,
+            in_flight: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
             shard_commands,
-            policy_config,
             config,
         }
     }
@@ -139,6 +117,7 @@ impl Shared {
 }
 
 pub enum ShardCommand {
+    /// A new fleet snapshot, installed between requests.
     Fleet(Arc<FleetSnapshot>),
     /// An index event another shard originated, to apply to this replica.
     Replicate(Arc<IndexEvent>),
@@ -203,6 +182,9 @@ pub struct Shard {
 impl Shard {
     pub fn new(id: usize, shared: Arc<Shared>, fleet: Arc<FleetSnapshot>) -> Rc<Shard> {
         let c = &shared.config;
+        let backends = fleet.live.backends.len();
+        let models = fleet.live.backends.models().names().len();
+        let index = crate::coordinator::new_index(&shared.config, &fleet.live);
         let mut hasher = PromptHasher::new(c.routing.block_bytes);
         let tokens = match &c.routing.hashing {
             Hashing::Bytes => None,
@@ -224,27 +206,24 @@ impl Shard {
             policies: RefCell::new(PolicySet::new()),
             rng: RefCell::new(fastrand::Rng::with_seed(0x5eed ^ id as u64)),
             pool: RefCell::new(UpstreamPool::new(
-                c.backends.len(),
+                backends,
                 c.upstream.pool_max_idle,
                 c.upstream.pool_idle_expiry,
             )),
-            metrics: RefCell::new(ShardMetrics::new(
-                shared.models.names().len(),
-                c.backends.len(),
-            )),
+            metrics: RefCell::new(ShardMetrics::new(models, backends)),
             parser: RefCell::new(BodyParser),
             hasher: RefCell::new(hasher),
             tokens,
-            candidates: RefCell::new(Vec::with_capacity(c.backends.len())),
-            index: RefCell::new(crate::coordinator::new_index(&shared)),
+            candidates: RefCell::new(Vec::with_capacity(backends)),
+            index: RefCell::new(index),
             matches: RefCell::new(PrefixMatch::default()),
             sessions: RefCell::new(SessionTable::new(
                 c.routing.session_ttl.as_millis() as u64,
                 c.routing.max_sessions,
             )),
-            prefill_ns: RefCell::new(vec![0; c.backends.len()]),
-            probes: RefCell::new(vec![0; c.backends.len()]),
-            last_failed: RefCell::new(vec![false; c.backends.len()]),
+            prefill_ns: RefCell::new(vec![0; backends]),
+            probes: RefCell::new(vec![0; backends]),
+            last_failed: RefCell::new(vec![false; backends]),
             retry_budget: RefCell::new(RetryBudget::new(
                 c.retry.budget_ratio,
                 c.retry.min_retries_per_sec,
@@ -265,6 +244,16 @@ impl Shard {
             Some(t) => Ref::map(t.borrow(), |t| t.blocks()),
             None => Ref::map(self.hasher.borrow(), |h| h.blocks()),
         }
+    }
+
+    /// The backend in `slot` as of this shard's snapshot (a retired slot keeps its
+    /// config, so requests still running there can finish).
+    pub fn backend(&self, slot: usize) -> Arc<crate::config::BackendConfig> {
+        self.fleet.borrow().live.backends.config(slot).clone()
+    }
+
+    pub fn backend_id(&self, slot: usize) -> String {
+        self.fleet.borrow().live.backends.id(slot).to_string()
     }
 
     /// Hands a request's record to the log thread (never blocks, never writes here).
@@ -304,11 +293,49 @@ impl Shard {
         }
     }
 
+    /// Installs a new fleet snapshot. When it carries new live settings, per-backend
+    /// state grows to the new slots, retired or re-addressed backends' idle pooled
+    /// connections close, and policies and the retry budget follow the new settings.
+    fn install(&self, snapshot: Arc<FleetSnapshot>) {
+        let old = std::mem::replace(&mut *self.fleet.borrow_mut(), snapshot.clone());
+        if Arc::ptr_eq(&old.live, &snapshot.live) {
+            return;
+        }
+        let (before, after) = (&*old.live, &*snapshot.live);
+        let slots = after.backends.len();
+        self.prefill_ns.borrow_mut().resize(slots, 0);
+        self.probes.borrow_mut().resize(slots, 0);
+        self.last_failed.borrow_mut().resize(slots, false);
+        self.metrics
+            .borrow_mut()
+            .resize(after.backends.models().names().len(), slots);
+        let upstream = &after.config.upstream;
+        let mut pool = self.pool.borrow_mut();
+        pool.configure(slots, upstream.pool_max_idle, upstream.pool_idle_expiry);
+        for slot in 0..before.backends.len() {
+            let gone = !after.backends.is_live(slot)
+                || after.backends.config(slot).addr != before.backends.config(slot).addr;
+            if gone {
+                pool.close(slot);
+            }
+        }
+        drop(pool);
+        *self.policies.borrow_mut() = PolicySet::new();
+        let (r0, r1) = (&before.config.retry, &after.config.retry);
+        if (r0.budget_ratio, r0.min_retries_per_sec) != (r1.budget_ratio, r1.min_retries_per_sec) {
+            *self.retry_budget.borrow_mut() = RetryBudget::new(
+                r1.budget_ratio,
+                r1.min_retries_per_sec,
+                self.shared.now_ms(),
+            );
+        }
+    }
+
     /// Applies coordinator commands between requests.
     pub async fn command_loop(self: Rc<Self>, commands: flume::Receiver<ShardCommand>) {
         while let Ok(cmd) = commands.recv_async().await {
             match cmd {
-                ShardCommand::Fleet(snapshot) => *self.fleet.borrow_mut() = snapshot,
+                ShardCommand::Fleet(snapshot) => self.install(snapshot),
                 ShardCommand::Replicate(event) => {
                     event.apply(
                         &mut self.index.borrow_mut(),

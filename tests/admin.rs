@@ -1,5 +1,6 @@
-//! The admin API over real sockets: token protection, backend and index views, and
-//! draining a backend under load with zero errors.
+//! The admin API over real sockets: token protection, backend and index views,
+//! draining, adding and removing backends under load with zero errors, refused
+//! changes, and config reload through the endpoint.
 
 mod common;
 
@@ -12,20 +13,46 @@ use std::time::Duration;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
+/// Written once per process: tests run in parallel, and a rewrite would let a
+/// reload read it half-written.
 fn token_file() -> String {
-    let path = std::env::temp_dir().join(format!("radixgate-admin-token-{}", std::process::id()));
-    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
-    path.display().to_string()
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        temp_file("admin-token", &format!("{TOKEN}\n"))
+            .display()
+            .to_string()
+    })
+    .clone()
 }
 
 fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Response {
+    admin_with_body(addr, method, path, token, "")
+}
+
+fn admin_with_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Response {
     let mut c = Client::connect(addr);
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     c.send(
-        format!("{method} {path} HTTP/1.1\r\nHost: a\r\n{auth}Content-Length: 0\r\n\r\n")
-            .as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: a\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
     );
     c.read_response()
+}
+
+fn admin_extra(policy: &str) -> String {
+    format!(
+        "[routing]\npolicy = \"{policy}\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"",
+        token_file()
+    )
 }
 
 fn gateway(io: &str, engines: &[&radixgate::engine_sim::EngineHandle]) -> radixgate::Gateway {
@@ -34,12 +61,7 @@ fn gateway(io: &str, engines: &[&radixgate::engine_sim::EngineHandle]) -> radixg
         .enumerate()
         .map(|(i, e)| (["e0", "e1"][i], e.url(), "sim"))
         .collect();
-    start_gateway(
-        io,
-        2,
-        &format!("[routing]\npolicy = \"round_robin\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"", token_file()),
-        &backends,
-    )
+    start_gateway(io, 2, &admin_extra("round_robin"), &backends)
 }
 
 fn admin_requires_the_token(io: &str) {
@@ -72,10 +94,13 @@ fn admin_requires_the_token(io: &str) {
     let r = admin(addr, "GET", "/admin/index", Some(TOKEN));
     assert_eq!(r.status, 200);
     assert!(r.json()["blocks"].is_u64());
+    // Started from a string, not a file: nothing to reload.
+    let r = admin(addr, "POST", "/admin/reload", Some(TOKEN));
     assert_eq!(
-        admin(addr, "POST", "/admin/reload", Some(TOKEN)).status,
-        501
+        (r.status, r.error_param_code().1.as_str()),
+        (409, "conflict")
     );
+    assert_eq!(admin(addr, "GET", "/admin/reload", Some(TOKEN)).status, 405);
     assert_eq!(
         admin(addr, "POST", "/admin/backends/nope/drain", Some(TOKEN)).status,
         404
@@ -157,3 +182,386 @@ fn drain_under_load_loses_nothing(io: &str) {
     assert!(back);
 }
 both_drivers!(drain_under_load_loses_nothing);
+
+/// `threads` clients sending `per_thread` requests each (every other one streaming)
+/// while `during` runs; returns every response's (status, backend) and the
+/// backends that answered requests started after `during` returned.
+fn under_load(
+    addr: SocketAddr,
+    threads: usize,
+    per_thread: usize,
+    during: impl FnOnce(),
+) -> (Vec<(u16, String)>, Vec<String>) {
+    let changed = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let changed = changed.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let mut all = Vec::new();
+                let mut after = Vec::new();
+                for i in 0..per_thread {
+                    let was_changed = changed.load(Ordering::SeqCst);
+                    let r = c.post(
+                        "/v1/chat/completions",
+                        &chat_body(&format!("t{t} r{i}"), i % 2 == 0),
+                        &[],
+                    );
+                    let backend = r.header("x-router-backend").unwrap_or("").to_string();
+                    if was_changed {
+                        after.push(backend.clone());
+                    }
+                    all.push((r.status, backend));
+                }
+                (all, after)
+            })
+        })
+        .collect();
+    pause(Duration::from_millis(100));
+    during();
+    // Give the snapshot a moment to reach every shard before counting.
+    pause(Duration::from_millis(50));
+    changed.store(true, Ordering::SeqCst);
+    let mut all = Vec::new();
+    let mut after = Vec::new();
+    for w in workers {
+        let (a, b) = w.join().unwrap();
+        all.extend(a);
+        after.extend(b);
+    }
+    (all, after)
+}
+
+fn slow_engine(io: &str) -> radixgate::engine_sim::EngineHandle {
+    let mut cfg = EngineConfig::instant("sim");
+    cfg.decode_per_token = Duration::from_millis(2);
+    start_engine(io, cfg)
+}
+
+fn backend_json(id: &str, url: &str) -> String {
+    format!(r#"{{"id":"{id}","url":"{url}","models":["sim"],"cache_blocks":512}}"#)
+}
+
+fn add_backend_under_load_takes_traffic(io: &str) {
+    let e0 = slow_engine(io);
+    let e1 = slow_engine(io);
+    let gw = start_gateway(
+        io,
+        2,
+        &admin_extra("round_robin"),
+        &[("e0", e0.url(), "sim")],
+    );
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let (all, after) = under_load(addr, 4, 60, || {
+        let r = admin_with_body(
+            admin_addr,
+            "POST",
+            "/admin/backends",
+            Some(TOKEN),
+            &backend_json("e1", &e1.url()),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.json()["id"], "e1");
+        assert_eq!(r.json()["capacity_blocks"], 512);
+    });
+    assert_eq!(all.len(), 240);
+    assert!(all.iter().all(|(s, _)| *s == 200), "{all:?}");
+    let on_e1 = after.iter().filter(|b| *b == "e1").count();
+    assert!(on_e1 > 0, "the new backend got no traffic: {after:?}");
+    let listed = admin(admin_addr, "GET", "/admin/backends", Some(TOKEN)).json();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["e0", "e1"]);
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(metric(&m, "radixgate_requests_total{backend=\"e1\",status=\"200\"").is_some());
+}
+both_drivers!(add_backend_under_load_takes_traffic);
+
+fn remove_backend_under_load_loses_nothing(io: &str) {
+    let e0 = slow_engine(io);
+    let e1 = slow_engine(io);
+    let gw = gateway(io, &[&e0, &e1]);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let (all, after) = under_load(addr, 4, 60, || {
+        let r = admin(admin_addr, "DELETE", "/admin/backends/e0", Some(TOKEN));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["removed"], true);
+    });
+    assert_eq!(all.len(), 240);
+    assert!(all.iter().all(|(s, _)| *s == 200), "{all:?}");
+    assert!(all.iter().any(|(_, b)| b == "e0"), "e0 had traffic before");
+    assert!(
+        after.iter().all(|b| b == "e1"),
+        "a removed backend got new requests: {after:?}"
+    );
+    let listed = admin(admin_addr, "GET", "/admin/backends", Some(TOKEN)).json();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["id"], "e1");
+    // Its index entries are gone, and it is gone from the per-backend gauges.
+    let index = admin(admin_addr, "GET", "/admin/index", Some(TOKEN)).json();
+    assert!(index["blocks_per_backend"].get("e0").is_none(), "{index}");
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(metric(&m, "radixgate_backend_in_flight{backend=\"e0\"}").is_none());
+    // The same id can come back (in a new slot) and takes traffic again.
+    let r = admin_with_body(
+        admin_addr,
+        "POST",
+        "/admin/backends",
+        Some(TOKEN),
+        &backend_json("e0", &e0.url()),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let back = eventually(Duration::from_secs(5), || {
+        Client::connect(addr)
+            .post("/v1/chat/completions", &chat_body("again", false), &[])
+            .header("x-router-backend")
+            == Some("e0")
+    });
+    assert!(back);
+}
+both_drivers!(remove_backend_under_load_loses_nothing);
+
+fn bad_backend_changes_are_refused(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let gw = gateway(io, &[&e0]);
+    let admin_addr = gw.admin_addr().unwrap();
+    let add =
+        |body: &str| admin_with_body(admin_addr, "POST", "/admin/backends", Some(TOKEN), body);
+    let r = add(&backend_json("e0", &e0.url()));
+    assert_eq!(
+        (r.status, r.error_param_code().1.as_str()),
+        (409, "conflict")
+    );
+    assert!(r.text().contains("`e0` already exists"), "{}", r.text());
+    for (body, needle) in [
+        (backend_json("e9", "127.0.0.1:9"), "backend.url"),
+        (backend_json("e9", "http://example.com:80"), "IP address"),
+        (backend_json("e9", "http://127.0.0.1:99999"), "invalid port"),
+        (backend_json("", "http://127.0.0.1:9"), "backend.id"),
+        (
+            r#"{"id":"e9","url":"http://127.0.0.1:9","models":[]}"#.into(),
+            "backend.models",
+        ),
+        (
+            r#"{"id":"e9","url":"http://127.0.0.1:9","models":["sim"],"weight":2}"#.into(),
+            "unknown field `weight`",
+        ),
+        ("not json".into(), "backend:"),
+    ] {
+        let r = add(&body);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.error_param_code().1, "invalid_config");
+        assert!(r.text().contains(needle), "{needle} not in {}", r.text());
+    }
+    let r = admin(admin_addr, "DELETE", "/admin/backends/nope", Some(TOKEN));
+    assert_eq!(
+        (r.status, r.error_param_code().1.as_str()),
+        (404, "not_found")
+    );
+    let r = admin(admin_addr, "DELETE", "/admin/backends/e0", Some(TOKEN));
+    assert_eq!(
+        (r.status, r.error_param_code().1.as_str()),
+        (409, "conflict")
+    );
+    assert_eq!(
+        admin(admin_addr, "DELETE", "/admin/backends/e0", None).status,
+        401
+    );
+    // Nothing changed.
+    let listed = admin(admin_addr, "GET", "/admin/backends", Some(TOKEN)).json();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+}
+both_drivers!(bad_backend_changes_are_refused);
+
+fn adding_a_dead_backend_loses_nothing(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let gw = start_gateway(
+        io,
+        2,
+        &format!(
+            "{}\n[health]\ninterval_ms = 100\nunhealthy_threshold = 1",
+            admin_extra("round_robin")
+        ),
+        &[("e0", e0.url(), "sim")],
+    );
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    // A port nothing listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let (all, _) = under_load(addr, 2, 40, || {
+        let r = admin_with_body(
+            admin_addr,
+            "POST",
+            "/admin/backends",
+            Some(TOKEN),
+            &backend_json("dead", &dead_url),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    });
+    // Attempts on it fail over before the first byte: no client sees an error.
+    assert!(all.iter().all(|(s, b)| *s == 200 && b == "e0"), "{all:?}");
+    let out = eventually(Duration::from_secs(5), || {
+        admin(admin_addr, "GET", "/admin/backends", Some(TOKEN)).json()[1]["healthy"] == false
+    });
+    assert!(out, "the health check did not take the dead backend out");
+}
+both_drivers!(adding_a_dead_backend_loses_nothing);
+
+fn reload_config(io: &str, policy: &str, backends: &[(&str, String, &str)], extra: &str) -> String {
+    gateway_toml(
+        io,
+        2,
+        &format!("{extra}\n{}", admin_extra(policy)),
+        backends,
+    )
+}
+
+fn reload_applies_backends_and_policy(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let e1 = start_engine(io, EngineConfig::instant("sim"));
+    let file = temp_file(
+        &format!("reload-{io}.toml"),
+        &reload_config(io, "round_robin", &[("e0", e0.url(), "sim")], ""),
+    );
+    let gw = start_gateway_file(&file);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("a", false), &[]);
+    assert_eq!(r.header("x-router-reason"), Some("round-robin"));
+    // Reloading the same file changes nothing.
+    let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = r.json();
+    assert_eq!(s["changed"], serde_json::json!([]));
+    assert_eq!(s["backends"]["added"], serde_json::json!([]));
+
+    // e0 out, e1 in, another policy, a retry setting, and a restart-only key.
+    let edited = reload_config(
+        io,
+        "least_loaded",
+        &[("e1", e1.url(), "sim")],
+        "[retry]\nmax_attempts = 2",
+    )
+    .replace("shards = 2", "shards = 3");
+    std::fs::write(&file, edited).unwrap();
+    let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = r.json();
+    assert_eq!(s["backends"]["added"], serde_json::json!(["e1"]));
+    assert_eq!(s["backends"]["removed"], serde_json::json!(["e0"]));
+    assert_eq!(
+        s["changed"],
+        serde_json::json!(["routing.policy", "retry.max_attempts"])
+    );
+    assert_eq!(s["restart_required"], serde_json::json!(["server.shards"]));
+    let moved = eventually(Duration::from_secs(5), || {
+        let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("b", false), &[]);
+        r.header("x-router-backend") == Some("e1")
+            && r.header("x-router-reason") == Some("least-loaded")
+    });
+    assert!(moved);
+    for i in 0..20 {
+        let r = Client::connect(addr).post(
+            "/v1/chat/completions",
+            &chat_body(&format!("c{i}"), i % 2 == 0),
+            &[],
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-router-backend"), Some("e1"));
+    }
+    // A backend whose url changes is replaced (new slot, its old index entries gone).
+    let e2 = start_engine(io, EngineConfig::instant("sim"));
+    std::fs::write(
+        &file,
+        reload_config(
+            io,
+            "least_loaded",
+            &[("e1", e2.url(), "sim")],
+            "[retry]\nmax_attempts = 2",
+        )
+        .replace("shards = 2", "shards = 3"),
+    )
+    .unwrap();
+    let s = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN)).json();
+    assert_eq!(s["backends"]["replaced"], serde_json::json!(["e1"]));
+    let listed = admin(admin_addr, "GET", "/admin/backends", Some(TOKEN)).json();
+    assert_eq!(listed[0]["url"], format!("http://{}", e2.addr()));
+    std::fs::remove_file(&file).ok();
+}
+both_drivers!(reload_applies_backends_and_policy);
+
+fn invalid_reload_keeps_the_running_config(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let file = temp_file(
+        &format!("bad-reload-{io}.toml"),
+        &reload_config(io, "round_robin", &[("e0", e0.url(), "sim")], ""),
+    );
+    let gw = start_gateway_file(&file);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let invalid = reload_config(io, "smartest", &[("e0", "ftp://x".into(), "sim")], "");
+    for (text, needles) in [
+        (invalid.as_str(), &["routing.policy", "backends[0].url"][..]),
+        ("[server\nlisten = ", &["TOML parse error"][..]),
+        ("[routing]\nbogus = 1\n", &["bogus"][..]),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.error_param_code().1, "invalid_config");
+        for n in needles {
+            assert!(r.text().contains(n), "{n} not in {}", r.text());
+        }
+        assert!(r.text().contains("the running config stays"));
+    }
+    // Still serving with the old config.
+    let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("a", false), &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-router-backend"), Some("e0"));
+    assert_eq!(r.header("x-router-reason"), Some("round-robin"));
+    // A missing file is refused the same way.
+    std::fs::remove_file(&file).unwrap();
+    let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+    assert_eq!(r.status, 400, "{}", r.text());
+}
+both_drivers!(invalid_reload_keeps_the_running_config);
+
+fn a_models_last_backend_removed_makes_it_unknown(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let e1 = start_engine(io, EngineConfig::instant("other"));
+    let gw = gateway(io, &[&e0]);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let body = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = admin_with_body(
+        admin_addr,
+        "POST",
+        "/admin/backends",
+        Some(TOKEN),
+        &format!(r#"{{"id":"o1","url":"{}","models":["other"]}}"#, e1.url()),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = Client::connect(addr).post("/v1/chat/completions", body, &[]);
+    assert_eq!((r.status, r.header("x-router-backend")), (200, Some("o1")));
+    let models = Client::connect(addr).get("/v1/models").json();
+    assert_eq!(models["data"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        admin(admin_addr, "DELETE", "/admin/backends/o1", Some(TOKEN)).status,
+        200
+    );
+    let gone = eventually(Duration::from_secs(5), || {
+        Client::connect(addr)
+            .post("/v1/chat/completions", body, &[])
+            .status
+            == 404
+    });
+    assert!(gone);
+    let r = Client::connect(addr).post("/v1/chat/completions", body, &[]);
+    assert_eq!(r.error_param_code().1, "model_not_found");
+    let models = Client::connect(addr).get("/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "sim");
+    assert_eq!(models["data"].as_array().unwrap().len(), 1);
+}
+both_drivers!(a_models_last_backend_removed_makes_it_unknown);

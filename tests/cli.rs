@@ -1,5 +1,7 @@
 //! The `radixgate` binary as a user runs it: `check-config` on good and bad files,
-//! and `demo` answering a chat completion on the port it prints.
+//! `demo` answering a chat completion on the port it prints, `serve`'s access log,
+//! and signals: SIGHUP reloads the config file (refusing an invalid one), SIGTERM
+//! stops with exit 0.
 
 mod common;
 
@@ -155,4 +157,125 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
         !access.to_string().contains(secret),
         "a prompt leaked into the log: {access}"
     );
+}
+
+/// Stops a spawned gateway by its PID however the test ends.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn serve_config(policy: &str, backends: &[(&str, String)]) -> String {
+    let mut toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\nio = \"epoll\"\n\
+         [routing]\npolicy = \"{policy}\"\n[log]\nformat = \"json\"\naccess = false\n"
+    );
+    for (id, url) in backends {
+        toml.push_str(&format!(
+            "[[backends]]\nid = \"{id}\"\nurl = \"{url}\"\nmodels = [\"sim\"]\n"
+        ));
+    }
+    toml
+}
+
+#[test]
+fn sighup_reloads_the_config_file_and_sigterm_exits_zero() {
+    use radixgate::engine_sim::EngineConfig;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    let e0 = common::start_engine("epoll", EngineConfig::instant("sim"));
+    let e1 = common::start_engine("epoll", EngineConfig::instant("sim"));
+    let file = common::temp_file(
+        "sighup.toml",
+        &serve_config("round_robin", &[("e0", e0.url())]),
+    );
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let child = Spawned(child);
+    let log = Arc::new(Mutex::new(Vec::<serde_json::Value>::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str(&line) {
+                sink.lock().unwrap().push(v);
+            }
+        }
+    });
+    let logged = |message: &str| -> Option<serde_json::Value> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .find(|v| v["message"] == message)
+            .cloned()
+    };
+    let mut started = None;
+    assert!(common::eventually(Duration::from_secs(10), || {
+        started = logged("radixgate listening");
+        started.is_some()
+    }));
+    let addr: std::net::SocketAddr = started.unwrap()["addr"].as_str().unwrap().parse().unwrap();
+    let ask = || {
+        common::Client::connect(addr).post(
+            "/v1/chat/completions",
+            &common::chat_body("hi", false),
+            &[],
+        )
+    };
+    assert_eq!(ask().header("x-router-backend"), Some("e0"));
+
+    // Valid edit: e0 out, e1 in, another policy.
+    std::fs::write(&file, serve_config("least_loaded", &[("e1", e1.url())])).unwrap();
+    signal(&child.0, "HUP");
+    assert!(common::eventually(Duration::from_secs(10), || {
+        logged("SIGHUP: config reloaded").is_some()
+    }));
+    let r = ask();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-router-backend"), Some("e1"));
+    assert_eq!(r.header("x-router-reason"), Some("least-loaded"));
+
+    // Invalid edit: refused and logged with its key paths; e1 keeps serving.
+    std::fs::write(&file, serve_config("smartest", &[("e1", e1.url())])).unwrap();
+    signal(&child.0, "HUP");
+    let mut refused = None;
+    assert!(common::eventually(Duration::from_secs(10), || {
+        refused = logged("SIGHUP: config reload refused");
+        refused.is_some()
+    }));
+    let error = refused.unwrap()["error"].as_str().unwrap_or("").to_string();
+    assert!(error.contains("routing.policy"), "{error}");
+    let r = ask();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-router-backend"), Some("e1"));
+
+    // SIGTERM: a graceful stop, exit 0.
+    let mut child = child;
+    signal(&child.0, "TERM");
+    let mut exited = None;
+    assert!(common::eventually(Duration::from_secs(10), || {
+        exited = child.0.try_wait().unwrap();
+        exited.is_some()
+    }));
+    assert!(exited.unwrap().success(), "{exited:?}");
+    std::fs::remove_file(&file).ok();
 }

@@ -58,10 +58,11 @@ const UPSTREAM_BROKE: Failure = Failure::AfterResponse {
 };
 
 pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &str) {
+    let fleet = shard.fleet.borrow();
     let _ = write!(
         Utf8Vec(out),
         "X-Router-Backend: {}\r\nX-Router-Reason: {}\r\nX-Router-Match-Blocks: {}\r\nX-Request-Id: {}\r\n",
-        shard.shared.backend_ids[route.pick.backend],
+        fleet.live.backends.id(route.pick.backend),
         route.pick.reason.as_str(),
         route.matched_blocks,
         request_id
@@ -140,7 +141,7 @@ impl Exchange<'_> {
         may_retry: bool,
     ) -> Result<bool, Failure> {
         let shard = self.shard;
-        let upstream_cfg = &shard.shared.config.upstream;
+        let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
         let (mut upstream, mut buf, head_len, resp) = self
             .send(request, separate_body)
             .await
@@ -152,7 +153,9 @@ impl Exchange<'_> {
                 ErrorKind::UpstreamProtocol,
                 format!(
                     "backend `{}` answered {} {}",
-                    shard.shared.backend_ids[self.backend], resp.status, resp.reason
+                    shard.backend_id(self.backend),
+                    resp.status,
+                    resp.reason
                 ),
             )));
         }
@@ -192,11 +195,9 @@ impl Exchange<'_> {
         // The rest of the body, piece by piece as it arrives.
         while !tracker.done() {
             buf.clear();
-            let read = monoio::time::timeout(
-                upstream_cfg.idle_timeout,
-                read_append(&mut upstream, &mut buf, 16 << 10),
-            )
-            .await;
+            let read =
+                monoio::time::timeout(idle_timeout, read_append(&mut upstream, &mut buf, 16 << 10))
+                    .await;
             match read {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
@@ -231,7 +232,9 @@ impl Exchange<'_> {
             }
         }
         shard.give_buffer(buf);
-        if reusable && resp.keep_alive {
+        // A backend removed meanwhile keeps no pooled connection.
+        let live = shard.fleet.borrow().live.backends.is_live(self.backend);
+        if reusable && resp.keep_alive && live {
             shard.pool.borrow_mut().put(self.backend, upstream);
         }
         Ok(keep_client)
@@ -240,7 +243,7 @@ impl Exchange<'_> {
     /// The upstream broke off an SSE stream between two chunks: tell the client in
     /// the stream itself and end the body properly. True when that reached it.
     async fn end_stream_with_error(&self, client: &mut TcpStream, mut buf: Vec<u8>) -> bool {
-        let id = &self.shard.shared.backend_ids[self.backend];
+        let id = self.shard.backend_id(self.backend);
         let e = GatewayError::new(
             ErrorKind::UpstreamProtocol,
             format!("backend `{id}` broke off the stream"),
@@ -265,9 +268,9 @@ impl Exchange<'_> {
         separate_body: Option<&[u8]>,
     ) -> Result<(TcpStream, Vec<u8>, usize, ResponseHead), GatewayError> {
         let shard = self.shard;
-        let cfg = &shard.shared.config;
-        let backend = &cfg.backends[self.backend];
-        let deadline = Instant::now() + cfg.upstream.first_byte_timeout;
+        let upstream = shard.fleet.borrow().live.config.upstream.clone();
+        let backend = shard.backend(self.backend);
+        let deadline = Instant::now() + upstream.first_byte_timeout;
         let mut buf = shard.take_buffer();
         let mut resp = ResponseHead::default();
         loop {
@@ -275,7 +278,7 @@ impl Exchange<'_> {
             let reused = pooled.is_some();
             let mut stream = match pooled {
                 Some(s) => s,
-                None => connect(backend.addr, &backend.id, cfg.upstream.connect_timeout).await?,
+                None => connect(backend.addr, &backend.id, upstream.connect_timeout).await?,
             };
             let (r, req) = stream.write_all(request).await;
             request = req;
@@ -305,7 +308,7 @@ impl Exchange<'_> {
                             ErrorKind::UpstreamTimeout,
                             format!(
                                 "backend `{}` sent no response within {:?}",
-                                backend.id, cfg.upstream.first_byte_timeout
+                                backend.id, upstream.first_byte_timeout
                             ),
                         ))
                     }

@@ -71,7 +71,9 @@ pub async fn forward(
     let (facts, prompt_tokens) = {
         let mut parser = shard.parser.borrow_mut();
         let mut hasher = shard.hasher.borrow_mut();
-        let mut facts = parser.parse(endpoint, body, &shared.models, &mut hasher, seed_mix)?;
+        let fleet = shard.fleet.borrow().clone();
+        let models = fleet.live.backends.models();
+        let mut facts = parser.parse(endpoint, body, models, &mut hasher, seed_mix)?;
         match &shard.tokens {
             // Token mode: the token-id blocks replace the byte blocks (and the
             // affinity key); the prompt's size is known exactly.
@@ -266,7 +268,10 @@ async fn attempt_all(
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
     let started = req.started;
     let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
-    let max_attempts = (shared.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
+    let max_attempts = {
+        let fleet = shard.fleet.borrow();
+        (fleet.live.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS)
+    };
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
     shard.retry_budget.borrow_mut().deposit(shared.now_ms());
     let mut attempt = 0;
@@ -344,7 +349,7 @@ async fn attempt_all(
                 if may_retry && shard.retry_budget.borrow_mut().withdraw(shared.now_ms()) {
                     shard.metrics.borrow_mut().retries[backend] += 1;
                     excluded[attempt - 1] = backend;
-                    tracing::debug!(backend = %shared.backend_ids[backend], error = %e, "retrying on another backend");
+                    tracing::debug!(backend = %shard.backend_id(backend), error = %e, "retrying on another backend");
                     previous = Some((e, route));
                     continue;
                 }
@@ -428,7 +433,7 @@ fn write_upstream_head(
     backend: usize,
     request_id: &str,
 ) {
-    let b = &shard.shared.config.backends[backend];
+    let b = shard.backend(backend);
     let _ = write!(
         Utf8Vec(out),
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nX-Request-Id: {}\r\n",

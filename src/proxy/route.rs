@@ -14,7 +14,8 @@ use radixgate_orchestrator::{
 use std::sync::Arc;
 
 pub(super) fn policy_for(shard: &Shard, head: &RequestHead) -> Result<PolicyName, GatewayError> {
-    let routing = &shard.shared.config.routing;
+    let fleet = shard.fleet.borrow();
+    let routing = &fleet.live.config.routing;
     if routing.allow_policy_header && !head.policy_override.is_empty() {
         return head
             .policy_override
@@ -92,12 +93,23 @@ pub(super) fn route(
     shard.index.borrow().match_prefix(blocks, &mut matches);
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     let fleet = shard.fleet.borrow();
+    let live = &*fleet.live;
+    let serving = live.backends.serving(facts.model);
+    if serving.is_empty() {
+        // Its last backend was removed since the model was first seen.
+        let model = live.backends.models().name(facts.model);
+        return Err(GatewayError {
+            kind: ErrorKind::ModelNotFound,
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model".into()),
+        });
+    }
     let prefill_ns = shard.prefill_ns.borrow();
     let probes = shard.probes.borrow();
-    let probe_limit = shared.config.breaker.half_open_probes;
+    let probe_limit = live.config.breaker.half_open_probes;
     let mut candidates = shard.candidates.borrow_mut();
     candidates.clear();
-    for &b in &shared.model_backends[facts.model] {
+    for &b in serving {
         let breaker_allows = match fleet.breaker[b] {
             BreakerState::Closed => true,
             BreakerState::Open => false,
@@ -119,7 +131,7 @@ pub(super) fn route(
             ErrorKind::NoHealthyBackend,
             format!(
                 "no healthy backend serves model `{}`",
-                shared.models.name(facts.model)
+                live.backends.models().name(facts.model)
             ),
         )
     };
@@ -134,7 +146,7 @@ pub(super) fn route(
     let pick = shard
         .policies
         .borrow_mut()
-        .get(policy, &shared.policy_config)
+        .get(policy, &live.policy)
         .pick(&input, &mut shard.rng.borrow_mut())
         .ok_or_else(no_backend)?;
     let chosen = candidates

@@ -52,6 +52,19 @@ pub fn start_gateway(
     extra: &str,
     backends: &[(&str, String, &str)],
 ) -> Gateway {
+    let toml = gateway_toml(io, shards, extra, backends);
+    let config =
+        Config::from_toml(&toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
+    Gateway::start(config).expect("gateway starts")
+}
+
+/// The config text [`start_gateway`] uses (listening on an ephemeral port).
+pub fn gateway_toml(
+    io: &str,
+    shards: usize,
+    extra: &str,
+    backends: &[(&str, String, &str)],
+) -> String {
     let mut toml =
         format!("[server]\nlisten = \"127.0.0.1:0\"\nshards = {shards}\nio = \"{io}\"\n{extra}\n");
     for (id, url, model) in backends {
@@ -59,8 +72,19 @@ pub fn start_gateway(
             "\n[[backends]]\nid = \"{id}\"\nurl = \"{url}\"\nmodels = [\"{model}\"]\n"
         ));
     }
-    let config =
-        Config::from_toml(&toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
+    toml
+}
+
+/// A file in the temp directory, unique to this process and `name`.
+pub fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("radixgate-{}-{name}", std::process::id()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+/// Starts a gateway from a config file (so it can reload it).
+pub fn start_gateway_file(path: &std::path::Path) -> Gateway {
+    let config = Config::load(path).unwrap_or_else(|e| panic!("bad test config: {e}"));
     Gateway::start(config).expect("gateway starts")
 }
 
