@@ -92,6 +92,10 @@ struct EngineArgs {
     refuse_rate: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Answer every completion at once with one small constant body, without parsing
+    /// or simulating anything (proxy benchmarks).
+    #[arg(long)]
+    fixed_response: bool,
     /// I/O driver: auto, io_uring or epoll.
     #[arg(long, default_value = "auto")]
     io: String,
@@ -245,6 +249,7 @@ fn main() -> ExitCode {
                 abort_rate: a.abort_rate,
                 refuse_rate: a.refuse_rate,
                 seed: a.seed,
+                fixed_response: a.fixed_response,
             };
             match engine_sim::start(cfg, a.listen, Driver::resolve(io)) {
                 Ok(engine) => {

@@ -45,6 +45,8 @@ pub struct Engine {
     waiting: RefCell<VecDeque<flume::Sender<()>>>,
     counters: RefCell<Counters>,
     next_id: Cell<u64>,
+    /// The constant answer in `fixed_response` mode.
+    fixed_body: Vec<u8>,
     /// Open connections, closed for real when the engine stops.
     pub conns: Rc<OpenConnections>,
 }
@@ -84,6 +86,7 @@ impl Engine {
             waiting: RefCell::new(VecDeque::new()),
             counters: RefCell::new(Counters::default()),
             next_id: Cell::new(0),
+            fixed_body: fixed_body(&config.model),
             conns: Rc::default(),
             config,
         })
@@ -127,6 +130,41 @@ impl Engine {
             }
             let keep_alive = conn.head.keep_alive;
             let ok = match (conn.head.route_path(), conn.head.method()) {
+                ("/v1/chat/completions" | "/v1/completions", Method::Post)
+                    if self.config.fixed_response =>
+                {
+                    self.counters.borrow_mut().requests_ok += 1;
+                    let body = self.fixed_body.clone();
+                    reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+                }
+                ("/v1/chat/completions/render" | "/v1/completions/render", Method::Post) => {
+                    let body = self.render(&conn.body);
+                    reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+                }
+                ("/server_info" | "/get_server_info", Method::Get) => {
+                    let body = format!(
+                        "{{\"served_model_name\":\"{}\",\"max_running_requests\":{},\"page_size\":{}}}",
+                        self.config.model, self.config.max_batch, self.config.block_tokens
+                    );
+                    reply(
+                        &mut conn.stream,
+                        200,
+                        "application/json",
+                        body.into_bytes(),
+                        keep_alive,
+                    )
+                    .await
+                }
+                ("/model_info" | "/get_model_info", Method::Get) => {
+                    reply(
+                        &mut conn.stream,
+                        200,
+                        "application/json",
+                        b"{\"is_generation\":true}".to_vec(),
+                        keep_alive,
+                    )
+                    .await
+                }
                 ("/v1/chat/completions", Method::Post) => {
                     self.generate(&mut conn, Endpoint::ChatCompletions).await
                 }
@@ -177,6 +215,31 @@ impl Engine {
                 return;
             }
         }
+    }
+
+    /// vLLM's render endpoints: the prompt as token ids. The simulated tokenizer is
+    /// one id per `BYTES_PER_TOKEN` bytes of request body, so equal prefixes render to
+    /// equal ids, which is all a cache-aware router needs from it.
+    fn render(&self, body: &[u8]) -> Vec<u8> {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let mut out = Vec::with_capacity(64 + body.len() * 2);
+        let _ = write!(
+            Utf8Vec(&mut out),
+            "{{\"request_id\":\"render-{id}\",\"token_ids\":["
+        );
+        for (i, chunk) in body.chunks(BYTES_PER_TOKEN).enumerate() {
+            let mut word = [0u8; 4];
+            word[..chunk.len()].copy_from_slice(chunk);
+            let token = u32::from_le_bytes(word) % 150_000;
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(Utf8Vec(&mut out), "{sep}{token}");
+        }
+        if body.is_empty() {
+            out.push(b'0'); // vLLM never renders an empty prompt
+        }
+        out.extend_from_slice(b"]}");
+        out
     }
 
     fn parse(
@@ -484,6 +547,15 @@ fn full_body(endpoint: Endpoint, model: &str, id: u64, usage: &Usage) -> Vec<u8>
             "{{\"id\":\"cmpl-{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":\"length\"}}],\"usage\":{usage}}}"
         ),
     }
+    .into_bytes()
+}
+
+/// The `fixed_response` answer: a small, valid chat completion (an OpenAI client
+/// reading it from `/v1/completions` gets `choices` and `usage` as well).
+fn fixed_body(model: &str) -> Vec<u8> {
+    format!(
+        "{{\"id\":\"chatcmpl-fixed\",\"object\":\"chat.completion\",\"created\":0,\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"ok\"}},\"logprobs\":null,\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":1,\"total_tokens\":2,\"completion_tokens\":1}}}}"
+    )
     .into_bytes()
 }
 

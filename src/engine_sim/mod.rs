@@ -8,6 +8,12 @@
 //! streams aborted midway, connections dropped on accept. One engine runs on its own
 //! monoio thread; tests, `radixgate demo` and the bench start it in process.
 //!
+//! Besides vLLM's own endpoints it answers what the published routers probe: SGLang's
+//! router asks `/server_info` and `/model_info` at start, vLLM's router with
+//! `cache_aware` asks `/v1/chat/completions/render` (and `/v1/completions/render`) for
+//! token ids before each request. `fixed_response` turns it into a zero-work backend
+//! for proxy benchmarks (`perf/`).
+//!
 //! Token accounting: a prompt is the gateway's canonical byte stream (see the
 //! orchestrator's `PromptHasher`) at 4 bytes per token, cut into blocks of
 //! `block_tokens` tokens.
@@ -52,6 +58,10 @@ pub struct EngineConfig {
     /// Share of connections closed right after accept, before any response.
     pub refuse_rate: f64,
     pub seed: u64,
+    /// Answer every completion at once with one small constant JSON body, without
+    /// parsing the request, modelling the cache or the batch (for proxy benchmarks,
+    /// where the engine must cost as little as possible).
+    pub fixed_response: bool,
 }
 
 impl EngineConfig {
@@ -71,6 +81,7 @@ impl EngineConfig {
             abort_rate: 0.0,
             refuse_rate: 0.0,
             seed: 1,
+            fixed_response: false,
         }
     }
 

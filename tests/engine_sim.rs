@@ -1,0 +1,65 @@
+//! The simulated engine answers what the published routers ask of a worker (SGLang's
+//! `/server_info` and `/model_info`, vLLM's `/v1/chat/completions/render`) and, in
+//! `fixed_response` mode, answers completions with one constant body (`perf/`).
+
+mod common;
+
+use common::*;
+use radixgate::engine_sim::EngineConfig;
+
+fn answers_the_routers_probes(io: &str) {
+    let engine = start_engine(io, EngineConfig::instant("sim"));
+    let mut c = Client::connect(engine.addr());
+    for path in ["/health", "/server_info", "/model_info"] {
+        let r = c.get(path);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.json().is_object(), "{path}: {}", r.text());
+    }
+    assert_eq!(c.get("/model_info").json()["is_generation"], true);
+
+    // Render: one id per 4 body bytes, equal prefixes give equal ids.
+    let short = chat_body("a shared system prompt", false);
+    let long = chat_body("a shared system prompt, and then a question", false);
+    let ids = |c: &mut Client, body: &str| -> Vec<u64> {
+        let r = c.post("/v1/chat/completions/render", body, &[]);
+        assert_eq!(r.status, 200);
+        let v = r.json();
+        assert!(v["request_id"].is_string());
+        v["token_ids"]
+            .as_array()
+            .expect("token_ids")
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let a = ids(&mut c, &short);
+    let b = ids(&mut c, &long);
+    assert_eq!(a.len(), short.len().div_ceil(4));
+    let common_prefix = short.find("prompt").unwrap() / 4;
+    assert_eq!(a[..common_prefix], b[..common_prefix]);
+}
+both_drivers!(answers_the_routers_probes);
+
+fn fixed_response_answers_with_one_constant_body(io: &str) {
+    let cfg = EngineConfig {
+        fixed_response: true,
+        ..EngineConfig::new("sim") // slow settings: fixed mode must ignore them
+    };
+    let engine = start_engine(io, cfg);
+    let mut c = Client::connect(engine.addr());
+    let first = c.post("/v1/chat/completions", &chat_body("one", false), &[]);
+    // Not even valid JSON is looked at.
+    let second = c.post("/v1/chat/completions", "not json", &[]);
+    let third = c.post("/v1/completions", r#"{"model":"sim","prompt":"x"}"#, &[]);
+    for r in [&first, &second, &third] {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, first.body);
+    }
+    let v = first.json();
+    assert_eq!(v["choices"][0]["message"]["content"], "ok");
+    assert_eq!(v["usage"]["total_tokens"], 2);
+    // Stream requests get the same body: fixed mode never streams.
+    let streamed = c.post("/v1/chat/completions", &chat_body("s", true), &[]);
+    assert_eq!(streamed.body, first.body);
+}
+both_drivers!(fixed_response_answers_with_one_constant_body);
