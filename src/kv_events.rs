@@ -5,16 +5,17 @@
 //! socket, so this side binds a SUB socket there, one per backend with
 //! `backends[].kv_events`, all polled by one thread (`radixgate-kv`), off the shards.
 //! Each message has three frames: topic, an 8-byte big-endian sequence number, and a
-//! msgpack `[ts, [event, ...], dp_rank]`; events are positional arrays tagged by name:
+//! msgpack `[ts, [event, ...], dp_rank]`. vLLM 0.32 sends each event as a map with a
+//! `type` key; older releases as a positional array tagged by name; both are read:
 //!
-//! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, ..]`:
+//! - `BlockStored` (`block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, ..):
 //!   the engine computed these blocks. Their tokens are re-hashed with the gateway's
 //!   own chain (the same [`PromptHasher`] token blocks requests get in precise mode,
 //!   seeded by the backend's model, continuing from the parent's chain), and the whole
 //!   chain is inserted for that backend.
-//! - `["BlockRemoved", block_hashes, ..]`: evicted; the block and its descendants are
+//! - `BlockRemoved` (`block_hashes`, ..): evicted; the block and its descendants are
 //!   removed for that backend.
-//! - `["AllBlocksCleared"]`: the backend's entries are dropped.
+//! - `AllBlocksCleared`: the backend's entries are dropped.
 //!
 //! Engine block hashes (bytes or integers) are mapped to the gateway's chains per
 //! backend. A gap in sequence numbers means lost events: the backend's entries are
@@ -152,12 +153,22 @@ impl BackendState {
     /// Decodes one message and returns the index changes it implies.
     fn on_message(&mut self, frames: &[Vec<u8>], c: &KvEventCounters, now_ms: u64) -> Vec<IndexOp> {
         let mut ops = Vec::new();
-        let (Some(seq), Some(payload)) = (frames.get(1), frames.get(2)) else {
+        let backend = self.backend;
+        let reject = |why: &str| {
             c.rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                backend,
+                frames = frames.len(),
+                why,
+                "KV-event message rejected"
+            );
+        };
+        let (Some(seq), Some(payload)) = (frames.get(1), frames.get(2)) else {
+            reject("fewer than three frames");
             return ops;
         };
         let Ok(seq) = <[u8; 8]>::try_from(seq.as_slice()).map(u64::from_be_bytes) else {
-            c.rejected.fetch_add(1, Ordering::Relaxed);
+            reject("sequence frame is not 8 bytes");
             return ops;
         };
         if self
@@ -174,7 +185,7 @@ impl BackendState {
         }
         self.last_seq = Some(seq);
         let Ok(batch) = rmpv::decode::read_value(&mut payload.as_slice()) else {
-            c.rejected.fetch_add(1, Ordering::Relaxed);
+            reject("payload is not msgpack");
             return ops;
         };
         let Some(events) = batch
@@ -182,12 +193,12 @@ impl BackendState {
             .and_then(|b| b.get(1))
             .and_then(Value::as_array)
         else {
-            c.rejected.fetch_add(1, Ordering::Relaxed);
+            reject("payload is not [ts, [events], ..]");
             return ops;
         };
         for event in events {
             if !self.on_event(event, c, now_ms, &mut ops) {
-                c.rejected.fetch_add(1, Ordering::Relaxed);
+                reject("event not decoded or its parent block unknown");
             }
         }
         ops
@@ -201,18 +212,16 @@ impl BackendState {
         now_ms: u64,
         ops: &mut Vec<IndexOp>,
     ) -> bool {
-        let Some(fields) = event.as_array() else {
-            return false;
-        };
-        match fields.first().and_then(Value::as_str) {
+        let event = Event(event);
+        match event.field("type", 0).and_then(Value::as_str) {
             Some("BlockStored") => {
-                let (Some(hashes), Some(parent), Some(tokens)) = (
-                    fields.get(1).and_then(Value::as_array),
-                    fields.get(2),
-                    fields.get(3).and_then(Value::as_array),
+                let (Some(hashes), Some(tokens)) = (
+                    event.field("block_hashes", 1).and_then(Value::as_array),
+                    event.field("token_ids", 3).and_then(Value::as_array),
                 ) else {
                     return false;
                 };
+                let parent = event.field("parent_block_hash", 2).unwrap_or(&Value::Nil);
                 let parent = if parent.is_nil() {
                     None
                 } else {
@@ -259,7 +268,7 @@ impl BackendState {
                 true
             }
             Some("BlockRemoved") => {
-                let Some(hashes) = fields.get(1).and_then(Value::as_array) else {
+                let Some(hashes) = event.field("block_hashes", 1).and_then(Value::as_array) else {
                     return false;
                 };
                 for h in hashes {
@@ -306,6 +315,24 @@ impl BackendState {
         }
         chain.reverse();
         Some(chain)
+    }
+}
+
+/// One event as vLLM encodes it: a map with a `type` key (vLLM 0.32), or a
+/// positional array tagged by name in its first element (msgspec `array_like`).
+struct Event<'a>(&'a Value);
+
+impl<'a> Event<'a> {
+    /// The field named `name` in map form, at `position` in array form.
+    fn field(&self, name: &str, position: usize) -> Option<&'a Value> {
+        match self.0 {
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(name))
+                .map(|(_, v)| v),
+            Value::Array(fields) => fields.get(position),
+            _ => None,
+        }
     }
 }
 
@@ -377,6 +404,42 @@ mod tests {
         let ops = s.on_message(&message(2, vec![stored(&[12], Some(11), &ids[8..])]), &c, 0);
         assert_eq!(inserted(&ops), vec![request_blocks(seed, &ids)]);
         assert_eq!(c.stored_blocks.load(Ordering::Relaxed), 3);
+        assert_eq!(c.rejected.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn map_form_events_as_vllm_0_32_sends_them() {
+        let c = KvEventCounters::default();
+        let seed = model_seed("m");
+        let mut s = BackendState::new(0, seed, NonZeroUsize::new(4).unwrap());
+        let ids: Vec<u32> = (0..8).collect();
+        let event = Value::Map(vec![
+            (Value::from("type"), Value::from("BlockStored")),
+            (
+                Value::from("block_hashes"),
+                Value::Array(vec![Value::from(u64::MAX), Value::from(7)]),
+            ),
+            (Value::from("parent_block_hash"), Value::Nil),
+            (
+                Value::from("token_ids"),
+                Value::Array(ids.iter().map(|&t| Value::from(t)).collect()),
+            ),
+            (Value::from("block_size"), Value::from(4)),
+        ]);
+        let ops = s.on_message(&message(1, vec![event]), &c, 0);
+        assert_eq!(inserted(&ops), vec![request_blocks(seed, &ids)]);
+        let removed = Value::Map(vec![
+            (Value::from("type"), Value::from("BlockRemoved")),
+            (
+                Value::from("block_hashes"),
+                Value::Array(vec![Value::from(7)]),
+            ),
+        ]);
+        let ops = s.on_message(&message(2, vec![removed]), &c, 0);
+        assert!(
+            matches!(&ops[..], [IndexOp::Remove { from: 1, .. }]),
+            "{ops:?}"
+        );
         assert_eq!(c.rejected.load(Ordering::Relaxed), 0);
     }
 
