@@ -61,11 +61,13 @@ struct RealArgs {
     /// Concurrencies, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     concurrency: Vec<usize>,
-    /// Policies (X-Router-Policy values), comma-separated.
+    /// Policies (X-Router-Policy values), comma-separated; `prefix_aware_precise` is
+    /// prefix_aware on a second gateway in precise mode (tokenizer, chat template and
+    /// the engines' KV events).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,least_loaded,prefix_aware"
+        default_value = "round_robin,least_loaded,prefix_aware,prefix_aware_precise"
     )]
     policies: Vec<String>,
     /// Requests per run.

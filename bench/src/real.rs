@@ -55,6 +55,9 @@ pub struct RealConfig {
     pub seed: u64,
 }
 
+/// The policy name that selects the precise-mode gateway.
+pub const PRECISE: &str = "prefix_aware_precise";
+
 /// One measured run.
 pub struct Row {
     pub workload: &'static str,
@@ -76,13 +79,22 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
         fleet
             .engines
             .iter()
-            .map(|(id, a)| format!("{id}={a}"))
+            .map(|(id, a, _)| format!("{id}={a}"))
             .collect::<Vec<_>>()
             .join(" ")
     ));
-    let gateway = Gateway::start(cfg, &fleet)?;
-    let url = format!("http://{}/v1/chat/completions", gateway.addr);
-    let target = Target::parse(&url)?;
+    let gateway = Gateway::start(cfg, &fleet, false)?;
+    let target = Target::parse(&format!("http://{}/v1/chat/completions", gateway.addr))?;
+    // `prefix_aware_precise` runs prefix_aware on a second gateway in precise mode,
+    // subscribed to the engines' KV events.
+    let precise = match cfg.policies.iter().any(|p| p == PRECISE) {
+        true => Some(Gateway::start(cfg, &fleet, true)?),
+        false => None,
+    };
+    let precise_target = precise
+        .as_ref()
+        .map(|g| Target::parse(&format!("http://{}/v1/chat/completions", g.addr)))
+        .transpose()?;
     let mut rows = Vec::new();
     let mut run_seed = cfg.seed.wrapping_mul(1000);
     for &kind in &cfg.workloads {
@@ -104,11 +116,17 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     turns: cfg.turns,
                 });
                 let load_cfg = LoadConfig {
-                    target: target.clone(),
+                    target: match (policy.as_str(), &precise_target) {
+                        (PRECISE, Some(t)) => t.clone(),
+                        _ => target.clone(),
+                    },
                     concurrency,
                     requests: Some(cfg.requests),
                     duration: None,
-                    headers: vec![("X-Router-Policy".into(), policy.clone())],
+                    headers: vec![(
+                        "X-Router-Policy".into(),
+                        policy.replace(PRECISE, "prefix_aware"),
+                    )],
                     timeout: Duration::from_secs(300),
                 };
                 let before = fleet.prefix_cache_counters();
@@ -198,7 +216,8 @@ pub fn to_markdown(rows: &[Row]) -> String {
 struct Fleet {
     script: PathBuf,
     state: PathBuf,
-    engines: Vec<(String, SocketAddr)>,
+    /// `(id, address, KV-event endpoint)` per engine.
+    engines: Vec<(String, SocketAddr, String)>,
 }
 
 impl Fleet {
@@ -227,11 +246,14 @@ impl Fleet {
         }
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let mut parts = line.split_whitespace();
-            if let (Some(id), Some(addr)) = (parts.next(), parts.next()) {
+            if let (Some(id), Some(addr), Some(events)) = (parts.next(), parts.next(), parts.next())
+            {
                 let addr = addr
                     .parse()
                     .map_err(|e| format!("bad engine address {addr}: {e}"))?;
-                fleet.engines.push((id.to_string(), addr));
+                fleet
+                    .engines
+                    .push((id.to_string(), addr, events.to_string()));
             }
         }
         if fleet.engines.len() != cfg.engines {
@@ -247,7 +269,7 @@ impl Fleet {
     /// Sum over engines of (prefix-cache hits, queries), in tokens.
     fn prefix_cache_counters(&self) -> Option<(f64, f64)> {
         let mut sum = (0.0, 0.0);
-        for (_, addr) in &self.engines {
+        for (_, addr, _) in &self.engines {
             let text = http_get(*addr, "/metrics").ok()?;
             sum.0 += counter(&text, "vllm:prefix_cache_hits_total")?;
             sum.1 += counter(&text, "vllm:prefix_cache_queries_total")?;
@@ -274,23 +296,47 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(cfg: &RealConfig, fleet: &Fleet) -> Result<Gateway, String> {
+    /// The radixgate binary over the fleet; `precise`: precise mode (the model's
+    /// tokenizer and chat template, 128-token blocks, the engines' KV events).
+    fn start(cfg: &RealConfig, fleet: &Fleet, precise: bool) -> Result<Gateway, String> {
         let addr = free_addr()?;
         let mut toml = format!(
             "[server]\nlisten = \"{addr}\"\nshards = 1\n\n[routing]\npolicy = \"prefix_aware\"\n\
-             allow_policy_header = true\nbytes_per_token = {}\n\n[upstream]\n\
-             first_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n",
+             allow_policy_header = true\nbytes_per_token = {}\n",
             cfg.bytes_per_token
         );
-        for (id, engine) in &fleet.engines {
+        if precise {
+            let cache = std::env::var("RADIXGATE_CACHE").unwrap_or_else(|_| {
+                format!(
+                    "{}/.cache/radixgate",
+                    std::env::var("HOME").unwrap_or_default()
+                )
+            });
+            let _ = write!(
+                toml,
+                "hashing = \"precise\"\ntokenizer = \"{cache}/models/{}/tokenizer.json\"\n\
+                 block_tokens = 128\n",
+                cfg.model
+            );
+        }
+        toml.push_str(
+            "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n",
+        );
+        for (id, engine, events) in &fleet.engines {
             let _ = write!(
                 toml,
                 "\n[[backends]]\nid = \"{id}\"\nurl = \"http://{engine}\"\nmodels = [\"{}\"]\n",
                 cfg.model
             );
+            if precise {
+                let _ = writeln!(toml, "kv_events = \"{events}\"");
+            }
         }
-        let config =
-            std::env::temp_dir().join(format!("radixgate-bench-real-{}.toml", std::process::id()));
+        let config = std::env::temp_dir().join(format!(
+            "radixgate-bench-real-{}-{}.toml",
+            std::process::id(),
+            if precise { "precise" } else { "bytes" }
+        ));
         std::fs::write(&config, toml)
             .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
         let child = Command::new(&cfg.gateway_bin)
