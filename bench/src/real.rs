@@ -320,7 +320,7 @@ impl Gateway {
             );
         }
         toml.push_str(
-            "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n",
+            "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n\n[log]\naccess = false\n",
         );
         for (id, engine, events) in &fleet.engines {
             let _ = write!(
