@@ -79,12 +79,7 @@ impl TokenHasher {
     /// fails, the prompt gets no blocks (it is routed by load) and the error is
     /// returned for the caller to count; the request itself goes on.
     pub fn hash(&mut self, canonical: &PromptHasher) -> Result<(), tokenizers::Error> {
-        self.hasher.reset(canonical.seed());
-        self.ids.clear();
-        let given = canonical.given_token_ids();
-        if !given.is_empty() {
-            self.ids.extend_from_slice(given);
-            self.hasher.feed_token_ids(given);
+        if self.begin(canonical) {
             return Ok(());
         }
         for item in canonical.canonical_items() {
@@ -108,12 +103,7 @@ impl TokenHasher {
         template: &ChatTemplate,
         body: &[u8],
     ) -> Result<(), String> {
-        self.hasher.reset(canonical.seed());
-        self.ids.clear();
-        let given = canonical.given_token_ids();
-        if !given.is_empty() {
-            self.ids.extend_from_slice(given);
-            self.hasher.feed_token_ids(given);
+        if self.begin(canonical) {
             return Ok(());
         }
         let mut v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
@@ -134,6 +124,20 @@ impl TokenHasher {
         }
         self.hasher.feed_token_ids(&self.ids);
         Ok(())
+    }
+
+    /// Starts a prompt seeded like `canonical`'s chain; a prompt given as token ids
+    /// is hashed as those ids at once (returns true: nothing left to tokenize).
+    fn begin(&mut self, canonical: &PromptHasher) -> bool {
+        self.hasher.reset(canonical.seed());
+        self.ids.clear();
+        let given = canonical.given_token_ids();
+        if given.is_empty() {
+            return false;
+        }
+        self.ids.extend_from_slice(given);
+        self.hasher.feed_token_ids(given);
+        true
     }
 
     /// Chained hashes of the whole `block_tokens` blocks of the last prompt.
