@@ -1229,6 +1229,75 @@ mod tests {
     }
 
     #[test]
+    fn precise_mode_needs_a_template_global_isolation_and_owns_kv_events() {
+        let dir = std::env::temp_dir().join(format!("radixgate-precise-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tokenizer = dir.join("tokenizer.json");
+        crate::token_mode::tests::word_tokenizer(&["hello"])
+            .save(&tokenizer, false)
+            .unwrap();
+        let precise = format!(
+            "hashing = \"precise\"\ntokenizer = \"{}\"",
+            tokenizer.display()
+        );
+        // No template beside the tokenizer and none configured.
+        let err = routing(&precise).unwrap_err().to_string();
+        assert!(err.contains("routing.chat_template: required"), "{err}");
+        // One beside it is found.
+        std::fs::write(
+            dir.join("chat_template.jinja"),
+            "{{ messages[0]['content'] }}",
+        )
+        .unwrap();
+        let c = routing(&precise).unwrap();
+        assert!(matches!(
+            c.routing.hashing,
+            Hashing::Tokens {
+                template: Some(_),
+                ..
+            }
+        ));
+        // kv_events needs precise mode and a ZeroMQ endpoint.
+        let with_events = |routing_extra: &str, endpoint: &str, tenancy: &str| {
+            Config::from_toml(&format!(
+                "[routing]\n{routing_extra}\n{tenancy}\n[[backends]]\nid = \"b0\"\n\
+                 url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\nkv_events = \"{endpoint}\"\n"
+            ))
+        };
+        assert!(with_events(&precise, "tcp://127.0.0.1:5557", "").is_ok());
+        let err = with_events("", "tcp://127.0.0.1:5557", "")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("backends[0].kv_events: needs routing.hashing"),
+            "{err}"
+        );
+        let err = with_events(&precise, "http://x", "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a tcp:// or ipc:// endpoint"), "{err}");
+        let err = with_events(
+            &precise,
+            "tcp://127.0.0.1:5557",
+            "[tenancy]\nprefix_isolation = \"tenant\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("precise mode needs tenancy.prefix_isolation"),
+            "{err}"
+        );
+        // The admin API cannot add a subscription at run time.
+        let err = BackendConfig::from_json(
+            br#"{"id":"x","url":"http://127.0.0.1:9","models":["m"],"kv_events":"tcp://127.0.0.1:1"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("backend.kv_events"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let err = Config::from_toml("[server]\nlisten_addr = \"x\"\n").unwrap_err();
         assert!(err.to_string().contains("listen_addr"), "{err}");
