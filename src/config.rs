@@ -6,6 +6,9 @@
 //! reports every semantic error at once, each with its key path, so `radixgate
 //! check-config` can list them all.
 
+mod admission;
+
+pub use admission::{AdmissionConfig, TierConfig};
 use radixgate_orchestrator::PolicyName;
 use serde::Deserialize;
 use std::fmt;
@@ -39,6 +42,11 @@ struct ConfigFile {
     auth: AuthWire,
     #[serde(default)]
     tenancy: TenancyWire,
+    #[serde(default)]
+    admission: admission::AdmissionWire,
+    /// `[tiers.<name>]`: admission settings per tenant tier.
+    #[serde(default)]
+    tiers: std::collections::BTreeMap<String, admission::TierWire>,
     #[serde(default)]
     tenants: Vec<TenantWire>,
     #[serde(default)]
@@ -76,7 +84,8 @@ impl Default for TenancyWire {
 struct TenantWire {
     /// Tenant name (logs, metrics).
     name: String,
-    /// Tier label (e.g. "gold", "free").
+    /// Tier name (e.g. "gold", "free"); must name a `[tiers.<name>]` table once any
+    /// is configured.
     #[serde(default = "default_tier")]
     tier: String,
     /// SHA-256 hex digests of the tenant's API keys (`radixgate hash-key KEY`).
@@ -482,6 +491,7 @@ pub struct Config {
     pub log: LogConfig,
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
+    pub admission: AdmissionConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
 }
@@ -490,6 +500,8 @@ pub struct Config {
 pub struct TenantConfig {
     pub name: String,
     pub tier: String,
+    /// The `[tiers.<tier>]` settings (defaults when no tiers are configured).
+    pub tier_config: TierConfig,
     pub key_digests: Vec<[u8; 32]>,
     pub requests_per_sec: Option<f64>,
     pub tokens_per_sec: Option<f64>,
@@ -848,6 +860,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             false
         }
     };
+    let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
     let mut tenants = Vec::with_capacity(wire.tenants.len());
     let mut seen_keys = std::collections::HashSet::new();
     for (i, t) in wire.tenants.into_iter().enumerate() {
@@ -877,9 +890,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         if t.max_concurrency == Some(0) {
             errors.push(format!("tenants[{i}].max_concurrency: must be at least 1"));
         }
+        let tier_config =
+            admission::resolve_tier(&tiers, &t.tier, &format!("tenants[{i}].tier"), errors);
         tenants.push(TenantConfig {
             name: t.name,
             tier: t.tier,
+            tier_config,
             key_digests,
             requests_per_sec: t.requests_per_sec,
             tokens_per_sec: t.tokens_per_sec,
@@ -900,6 +916,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         log,
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
+        admission,
         tenants,
         backends,
     }
@@ -1116,6 +1133,37 @@ mod tests {
             Hashing::Tokens { block_tokens, .. } if block_tokens.get() == 128
         ));
         assert_eq!(c.routing.prefix_aware.tokens_per_block, 128.0);
+    }
+
+    #[test]
+    fn tiers_and_admission() {
+        let c = routing("\n[admission]\nqueue_capacity = 8\nanonymous_tier = \"free\"\n[tiers.free]\nttft_budget_ms = 900\nshed_pressure = 1.0\n[tiers.gold]\npriority = 5\n").unwrap();
+        assert_eq!(c.admission.queue_capacity, 8);
+        assert_eq!(
+            c.admission.anonymous.ttft_budget,
+            Some(Duration::from_millis(900))
+        );
+        assert_eq!(c.admission.anonymous.shed_pressure, Some(1.0));
+        let err = Config::from_toml(
+            "[admission]\npressure_kv = 2.0\nanonymous_tier = \"none\"\n[tiers.free]\nttft_budget_ms = 0\nshed_pressure = -1.0\n[[tenants]]\nname = \"a\"\ntier = \"gold\"\nkeys = []\n[tiers.free.extra]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("extra"), "{err}");
+        let err = Config::from_toml(
+            "[admission]\npressure_kv = 2.0\nanonymous_tier = \"none\"\n[tiers.free]\nttft_budget_ms = 0\nshed_pressure = -1.0\n[[tenants]]\nname = \"a\"\ntier = \"gold\"\nkeys = []\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "admission.pressure_kv",
+            "admission.anonymous_tier: unknown tier `none`",
+            "tiers.free.ttft_budget_ms",
+            "tiers.free.shed_pressure",
+            "tenants[0].tier: unknown tier `gold`",
+        ] {
+            assert!(err.contains(needle), "missing {needle} in:\n{err}");
+        }
     }
 
     #[test]

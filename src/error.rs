@@ -32,6 +32,11 @@ pub enum ErrorKind {
     NotImplemented,
     /// A tenant quota (requests, tokens or concurrency) refused the request.
     RateLimited,
+    /// Admission: the best backend's estimated TTFT exceeds the request's budget.
+    SloUnattainable,
+    /// Admission or the connection cap: the gateway sheds load (fleet pressure, a
+    /// full or timed-out edge queue, too many connections on the shard).
+    Overloaded,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +82,8 @@ impl GatewayError {
             ErrorKind::UpstreamTimeout => 504,
             ErrorKind::Unauthorized => 401,
             ErrorKind::NotImplemented => 501,
-            ErrorKind::RateLimited => 429,
+            ErrorKind::RateLimited | ErrorKind::SloUnattainable => 429,
+            ErrorKind::Overloaded => 503,
         }
     }
 
@@ -92,11 +98,14 @@ impl GatewayError {
             | ErrorKind::PathNotFound
             | ErrorKind::MethodNotAllowed
             | ErrorKind::Unauthorized
-            | ErrorKind::RateLimited => Fault::Client,
+            | ErrorKind::RateLimited
+            | ErrorKind::SloUnattainable => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
-            ErrorKind::NoHealthyBackend | ErrorKind::NotImplemented => Fault::Gateway,
+            ErrorKind::NoHealthyBackend | ErrorKind::NotImplemented | ErrorKind::Overloaded => {
+                Fault::Gateway
+            }
         }
     }
 
@@ -111,7 +120,10 @@ impl GatewayError {
 
     /// OpenAI's `error.type`.
     pub fn error_type(&self) -> &'static str {
-        if self.kind == ErrorKind::RateLimited {
+        if matches!(
+            self.kind,
+            ErrorKind::RateLimited | ErrorKind::SloUnattainable
+        ) {
             return "rate_limit_error";
         }
         match self.fault() {
@@ -138,6 +150,8 @@ impl GatewayError {
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::RateLimited => "rate_limit_exceeded",
+            ErrorKind::SloUnattainable => "slo_unattainable",
+            ErrorKind::Overloaded => "overloaded",
         }
     }
 

@@ -340,6 +340,7 @@ async fn scrape(shard: &Shard) -> String {
     copies.sort_by_key(|m| m.shard);
     let fleet = shard.fleet.borrow().clone();
     let tenants: Vec<String> = shared.tenants.iter().map(|t| t.name.clone()).collect();
+    let tenant_tiers: Vec<String> = shared.tenants.iter().map(|t| t.tier.clone()).collect();
     let backends = shared.backend_ids.len();
     let in_flight: Vec<u32> = (0..backends).map(|b| shared.in_flight.total(b)).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
@@ -356,6 +357,13 @@ async fn scrape(shard: &Shard) -> String {
                 .index_blocks
                 .load(std::sync::atomic::Ordering::Relaxed),
             tenants: &tenants,
+            tenant_tiers: &tenant_tiers,
+            anonymous_tier: shared
+                .config
+                .admission
+                .anonymous_tier
+                .as_deref()
+                .unwrap_or("anonymous"),
             coordinator_received: shared
                 .coordinator_received
                 .load(std::sync::atomic::Ordering::Relaxed),

@@ -101,6 +101,8 @@ impl Bucket {
 pub struct Tenant {
     pub name: String,
     pub tier: String,
+    /// The tier's admission settings (budget, priority, shedding).
+    pub admission: crate::config::TierConfig,
     /// Seeds this tenant's prompt hash chains under `prefix_isolation = "tenant"`.
     pub seed: u64,
     pub requests: Option<Bucket>,
@@ -142,6 +144,19 @@ pub struct Admission<'t> {
     pub tenant: &'t Tenant,
     /// Tokens charged up front (to reconcile with the actual usage).
     pub charged_tokens: u64,
+}
+
+impl Admission<'_> {
+    /// The request was not served after all (shed by admission): give its request
+    /// and tokens back. The concurrency slot is released on drop as usual.
+    pub fn refund(&self, now_ms: u64) {
+        if let Some(b) = &self.tenant.requests {
+            b.adjust(1, now_ms);
+        }
+        if let (Some(b), n @ 1..) = (&self.tenant.tokens, self.charged_tokens) {
+            b.adjust(n as i64, now_ms);
+        }
+    }
 }
 
 impl Drop for Admission<'_> {
@@ -285,6 +300,7 @@ mod tests {
         let t = Tenant {
             name: "t".into(),
             tier: "free".into(),
+            admission: Default::default(),
             seed: 1,
             requests: None,
             tokens: None,

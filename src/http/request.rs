@@ -28,6 +28,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     pub request_id: String,
     pub policy_override: String,
+    /// `X-SLO-TTFT-Ms` as sent (validated by admission); never forwarded.
+    pub slo_ttft_ms: String,
     /// `X-Session-ID`: keeps a conversation on its backend (still forwarded).
     pub session_id: String,
     /// The client's `Authorization` value (never forwarded).
@@ -55,13 +57,14 @@ impl RequestHead {
 
 /// Gateway control headers: read by radixgate, never forwarded.
 fn is_gateway_header(name: &str) -> bool {
-    const OWN: [&str; 6] = [
+    const OWN: [&str; 7] = [
         "authorization",
         "host",
         "content-length",
         "expect",
         "x-request-id",
         "x-router-policy",
+        "x-slo-ttft-ms",
     ];
     OWN.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
@@ -103,6 +106,7 @@ pub fn parse_request_head(
     head.expect_continue = false;
     head.request_id.clear();
     head.policy_override.clear();
+    head.slo_ttft_ms.clear();
     head.session_id.clear();
     head.trace_id = 0;
     head.authorization.clear();
@@ -158,6 +162,9 @@ pub fn parse_request_head(
             head.trace_id = parse_traceparent(h.value).unwrap_or(0);
         } else if name.eq_ignore_ascii_case("x-session-id") {
             head.session_id
+                .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
+        } else if name.eq_ignore_ascii_case("x-slo-ttft-ms") {
+            head.slo_ttft_ms
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("x-router-policy") {
             head.policy_override

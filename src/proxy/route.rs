@@ -74,30 +74,26 @@ fn publish(shard: &Shard, op: IndexOp) {
     });
 }
 
-/// Looks the prompt up in this shard's index replica, asks the policy, and records
-/// the belief that the pick now holds the prompt (applied here at once, replicated
-/// through the coordinator).
-pub(super) fn route(
+/// Fills the shard's candidate scratch for `model`: the healthy, undrained backends
+/// whose breaker lets a request through (and not in `excluded`), with their load and
+/// the leading `blocks` each holds per this shard's index replica.
+pub(super) fn fill_candidates(
     shard: &Shard,
-    facts: &RequestFacts,
-    policy: PolicyName,
-    session: Option<u64>,
+    blocks: &[u64],
+    model: usize,
+    session_home: Option<usize>,
     excluded: &[usize],
-) -> Result<Route, GatewayError> {
+) {
     let shared = &shard.shared;
-    let now_ms = shared.now_ms();
-    let blocks = shard.prompt_blocks();
-    let blocks = &*blocks;
     let mut matches = shard.matches.borrow_mut();
     shard.index.borrow().match_prefix(blocks, &mut matches);
-    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     let fleet = shard.fleet.borrow();
     let prefill_ns = shard.prefill_ns.borrow();
     let probes = shard.probes.borrow();
     let probe_limit = shared.config.breaker.half_open_probes;
     let mut candidates = shard.candidates.borrow_mut();
     candidates.clear();
-    for &b in &shared.model_backends[facts.model] {
+    for &b in &shared.model_backends[model] {
         let breaker_allows = match fleet.breaker[b] {
             BreakerState::Closed => true,
             BreakerState::Open => false,
@@ -114,6 +110,25 @@ pub(super) fn route(
             });
         }
     }
+}
+
+/// Looks the prompt (`blocks`) up in this shard's index replica, asks the policy,
+/// and records the belief that the pick now holds the prompt (applied here at once,
+/// replicated through the coordinator).
+pub(super) fn route(
+    shard: &Shard,
+    blocks: &[u64],
+    facts: &RequestFacts,
+    policy: PolicyName,
+    session: Option<u64>,
+    excluded: &[usize],
+) -> Result<Route, GatewayError> {
+    let shared = &shard.shared;
+    let now_ms = shared.now_ms();
+    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
+    fill_candidates(shard, blocks, facts.model, session_home, excluded);
+    let fleet = shard.fleet.borrow();
+    let candidates = shard.candidates.borrow();
     let no_backend = || {
         GatewayError::new(
             ErrorKind::NoHealthyBackend,
