@@ -194,10 +194,19 @@ struct ServerWire {
     io: String,
     /// Largest accepted request body.
     max_body_bytes: u64,
-    /// Largest accepted request head (request line plus headers).
+    /// Largest accepted request head (request line plus headers; at most 96 headers).
     max_head_bytes: usize,
+    /// Longest accepted request target (path and query); longer is 414.
+    max_uri_bytes: usize,
     /// How long an idle client keep-alive connection is kept open.
     client_idle_timeout_ms: u64,
+    /// From a request head's first byte to its end; slower is 408 and close.
+    head_timeout_ms: u64,
+    /// For a whole request body; slower is 408 and close.
+    body_timeout_ms: u64,
+    /// Client connections each shard keeps open at once; beyond it a new connection
+    /// gets 503 `overloaded` and is closed.
+    max_connections: usize,
     /// On SIGTERM/SIGINT: stop accepting, then wait this long for in-flight requests.
     shutdown_timeout_ms: u64,
 }
@@ -212,7 +221,11 @@ impl Default for ServerWire {
             io: "auto".into(),
             max_body_bytes: 8 << 20,
             max_head_bytes: 16 << 10,
+            max_uri_bytes: 8 << 10,
             client_idle_timeout_ms: 60_000,
+            head_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            max_connections: 10_000,
             shutdown_timeout_ms: 30_000,
         }
     }
@@ -401,7 +414,11 @@ pub struct ServerConfig {
     pub io: IoMode,
     pub max_body_bytes: u64,
     pub max_head_bytes: usize,
+    pub max_uri_bytes: usize,
     pub client_idle_timeout: Duration,
+    pub head_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_connections: usize,
     pub shutdown_timeout: Duration,
 }
 
@@ -648,6 +665,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if s.max_head_bytes < 256 {
         errors.push("server.max_head_bytes: must be at least 256".into());
     }
+    if s.max_uri_bytes < 16 {
+        errors.push("server.max_uri_bytes: must be at least 16".into());
+    }
+    if s.max_connections == 0 {
+        errors.push("server.max_connections: must be at least 1".into());
+    }
     let server = ServerConfig {
         listen,
         shards,
@@ -656,11 +679,15 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         io,
         max_body_bytes: s.max_body_bytes,
         max_head_bytes: s.max_head_bytes,
+        max_uri_bytes: s.max_uri_bytes,
         client_idle_timeout: millis(
             s.client_idle_timeout_ms,
             "server.client_idle_timeout_ms",
             errors,
         ),
+        head_timeout: millis(s.head_timeout_ms, "server.head_timeout_ms", errors),
+        body_timeout: millis(s.body_timeout_ms, "server.body_timeout_ms", errors),
+        max_connections: s.max_connections,
         shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
     };
 

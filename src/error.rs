@@ -32,6 +32,10 @@ pub enum ErrorKind {
     NotImplemented,
     /// A tenant quota (requests, tokens or concurrency) refused the request.
     RateLimited,
+    /// The request target is longer than `server.max_uri_bytes`.
+    UriTooLong,
+    /// The client did not send its head or body in time (slowloris guard).
+    RequestTimeout,
     /// Admission: the best backend's estimated TTFT exceeds the request's budget.
     SloUnattainable,
     /// Admission or the connection cap: the gateway sheds load (fleet pressure, a
@@ -84,6 +88,8 @@ impl GatewayError {
             ErrorKind::NotImplemented => 501,
             ErrorKind::RateLimited | ErrorKind::SloUnattainable => 429,
             ErrorKind::Overloaded => 503,
+            ErrorKind::UriTooLong => 414,
+            ErrorKind::RequestTimeout => 408,
         }
     }
 
@@ -99,7 +105,9 @@ impl GatewayError {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::Unauthorized
             | ErrorKind::RateLimited
-            | ErrorKind::SloUnattainable => Fault::Client,
+            | ErrorKind::SloUnattainable
+            | ErrorKind::UriTooLong
+            | ErrorKind::RequestTimeout => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
@@ -152,6 +160,8 @@ impl GatewayError {
             ErrorKind::RateLimited => "rate_limit_exceeded",
             ErrorKind::SloUnattainable => "slo_unattainable",
             ErrorKind::Overloaded => "overloaded",
+            ErrorKind::UriTooLong => "uri_too_long",
+            ErrorKind::RequestTimeout => "request_timeout",
         }
     }
 
@@ -225,6 +235,8 @@ pub fn reason_phrase(status: u16) -> &'static str {
         501 => "Not Implemented",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        414 => "URI Too Long",
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
