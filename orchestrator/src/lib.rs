@@ -15,6 +15,7 @@ pub mod engine_cache;
 pub mod index;
 pub mod policy;
 pub mod prompt;
+pub mod quota;
 pub mod retry;
 pub mod route;
 
