@@ -7,6 +7,9 @@
 //! check-config` can list them all.
 
 use crate::chat_template::ChatTemplate;
+mod admission;
+
+pub use admission::{AdmissionConfig, TierConfig};
 use radixgate_orchestrator::PolicyName;
 use serde::Deserialize;
 use std::fmt;
@@ -40,6 +43,11 @@ struct ConfigFile {
     auth: AuthWire,
     #[serde(default)]
     tenancy: TenancyWire,
+    #[serde(default)]
+    admission: admission::AdmissionWire,
+    /// `[tiers.<name>]`: admission settings per tenant tier.
+    #[serde(default)]
+    tiers: std::collections::BTreeMap<String, admission::TierWire>,
     #[serde(default)]
     tenants: Vec<TenantWire>,
     #[serde(default)]
@@ -77,7 +85,8 @@ impl Default for TenancyWire {
 struct TenantWire {
     /// Tenant name (logs, metrics).
     name: String,
-    /// Tier label (e.g. "gold", "free").
+    /// Tier name (e.g. "gold", "free"); must name a `[tiers.<name>]` table once any
+    /// is configured.
     #[serde(default = "default_tier")]
     tier: String,
     /// SHA-256 hex digests of the tenant's API keys (`radixgate hash-key KEY`).
@@ -186,10 +195,19 @@ struct ServerWire {
     io: String,
     /// Largest accepted request body.
     max_body_bytes: u64,
-    /// Largest accepted request head (request line plus headers).
+    /// Largest accepted request head (request line plus headers; at most 96 headers).
     max_head_bytes: usize,
+    /// Longest accepted request target (path and query); longer is 414.
+    max_uri_bytes: usize,
     /// How long an idle client keep-alive connection is kept open.
     client_idle_timeout_ms: u64,
+    /// From a request head's first byte to its end; slower is 408 and close.
+    head_timeout_ms: u64,
+    /// For a whole request body; slower is 408 and close.
+    body_timeout_ms: u64,
+    /// Client connections each shard keeps open at once; beyond it a new connection
+    /// gets 503 `overloaded` and is closed.
+    max_connections: usize,
     /// On SIGTERM/SIGINT: stop accepting, then wait this long for in-flight requests.
     shutdown_timeout_ms: u64,
 }
@@ -204,7 +222,11 @@ impl Default for ServerWire {
             io: "auto".into(),
             max_body_bytes: 8 << 20,
             max_head_bytes: 16 << 10,
+            max_uri_bytes: 8 << 10,
             client_idle_timeout_ms: 60_000,
+            head_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            max_connections: 10_000,
             shutdown_timeout_ms: 30_000,
         }
     }
@@ -402,7 +424,11 @@ pub struct ServerConfig {
     pub io: IoMode,
     pub max_body_bytes: u64,
     pub max_head_bytes: usize,
+    pub max_uri_bytes: usize,
     pub client_idle_timeout: Duration,
+    pub head_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_connections: usize,
     pub shutdown_timeout: Duration,
 }
 
@@ -502,6 +528,7 @@ pub struct Config {
     pub log: LogConfig,
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
+    pub admission: AdmissionConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
     /// The file this config was loaded from (what a reload re-reads); `None` when it
@@ -513,6 +540,8 @@ pub struct Config {
 pub struct TenantConfig {
     pub name: String,
     pub tier: String,
+    /// The `[tiers.<tier>]` settings (defaults when no tiers are configured).
+    pub tier_config: TierConfig,
     pub key_digests: Vec<[u8; 32]>,
     pub requests_per_sec: Option<f64>,
     pub tokens_per_sec: Option<f64>,
@@ -721,6 +750,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if s.max_head_bytes < 256 {
         errors.push("server.max_head_bytes: must be at least 256".into());
     }
+    if s.max_uri_bytes < 16 {
+        errors.push("server.max_uri_bytes: must be at least 16".into());
+    }
+    if s.max_connections == 0 {
+        errors.push("server.max_connections: must be at least 1".into());
+    }
     let server = ServerConfig {
         listen,
         shards,
@@ -729,11 +764,15 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         io,
         max_body_bytes: s.max_body_bytes,
         max_head_bytes: s.max_head_bytes,
+        max_uri_bytes: s.max_uri_bytes,
         client_idle_timeout: millis(
             s.client_idle_timeout_ms,
             "server.client_idle_timeout_ms",
             errors,
         ),
+        head_timeout: millis(s.head_timeout_ms, "server.head_timeout_ms", errors),
+        body_timeout: millis(s.body_timeout_ms, "server.body_timeout_ms", errors),
+        max_connections: s.max_connections,
         shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
     };
 
@@ -908,6 +947,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             false
         }
     };
+    let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
     let mut tenants = Vec::with_capacity(wire.tenants.len());
     let mut seen_keys = std::collections::HashSet::new();
     for (i, t) in wire.tenants.into_iter().enumerate() {
@@ -937,9 +977,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         if t.max_concurrency == Some(0) {
             errors.push(format!("tenants[{i}].max_concurrency: must be at least 1"));
         }
+        let tier_config =
+            admission::resolve_tier(&tiers, &t.tier, &format!("tenants[{i}].tier"), errors);
         tenants.push(TenantConfig {
             name: t.name,
             tier: t.tier,
+            tier_config,
             key_digests,
             requests_per_sec: t.requests_per_sec,
             tokens_per_sec: t.tokens_per_sec,
@@ -990,6 +1033,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         log,
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
+        admission,
         tenants,
         backends,
         source: None,
@@ -1295,6 +1339,37 @@ mod tests {
         .to_string();
         assert!(err.contains("backend.kv_events"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn tiers_and_admission() {
+        let c = routing("\n[admission]\nqueue_capacity = 8\nanonymous_tier = \"free\"\n[tiers.free]\nttft_budget_ms = 900\nshed_pressure = 1.0\n[tiers.gold]\npriority = 5\n").unwrap();
+        assert_eq!(c.admission.queue_capacity, 8);
+        assert_eq!(
+            c.admission.anonymous.ttft_budget,
+            Some(Duration::from_millis(900))
+        );
+        assert_eq!(c.admission.anonymous.shed_pressure, Some(1.0));
+        let err = Config::from_toml(
+            "[admission]\npressure_kv = 2.0\nanonymous_tier = \"none\"\n[tiers.free]\nttft_budget_ms = 0\nshed_pressure = -1.0\n[[tenants]]\nname = \"a\"\ntier = \"gold\"\nkeys = []\n[tiers.free.extra]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("extra"), "{err}");
+        let err = Config::from_toml(
+            "[admission]\npressure_kv = 2.0\nanonymous_tier = \"none\"\n[tiers.free]\nttft_budget_ms = 0\nshed_pressure = -1.0\n[[tenants]]\nname = \"a\"\ntier = \"gold\"\nkeys = []\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "admission.pressure_kv",
+            "admission.anonymous_tier: unknown tier `none`",
+            "tiers.free.ttft_budget_ms",
+            "tiers.free.shed_pressure",
+            "tenants[0].tier: unknown tier `gold`",
+        ] {
+            assert!(err.contains(needle), "missing {needle} in:\n{err}");
+        }
     }
 
     #[test]

@@ -37,6 +37,15 @@ pub enum ErrorKind {
     /// A config (file or admin API backend) that fails validation; the message lists
     /// every error with its key path.
     InvalidConfig,
+    /// The request target is longer than `server.max_uri_bytes`.
+    UriTooLong,
+    /// The client did not send its head or body in time (slowloris guard).
+    RequestTimeout,
+    /// Admission: the best backend's estimated TTFT exceeds the request's budget.
+    SloUnattainable,
+    /// Admission or the connection cap: the gateway sheds load (fleet pressure, a
+    /// full or timed-out edge queue, too many connections on the shard).
+    Overloaded,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +95,10 @@ impl GatewayError {
             ErrorKind::UpstreamTimeout => 504,
             ErrorKind::Unauthorized => 401,
             ErrorKind::NotImplemented => 501,
-            ErrorKind::RateLimited => 429,
+            ErrorKind::RateLimited | ErrorKind::SloUnattainable => 429,
+            ErrorKind::Overloaded => 503,
+            ErrorKind::UriTooLong => 414,
+            ErrorKind::RequestTimeout => 408,
         }
     }
 
@@ -103,11 +115,16 @@ impl GatewayError {
             | ErrorKind::Unauthorized
             | ErrorKind::RateLimited
             | ErrorKind::Conflict
-            | ErrorKind::InvalidConfig => Fault::Client,
+            | ErrorKind::InvalidConfig
+            | ErrorKind::SloUnattainable
+            | ErrorKind::UriTooLong
+            | ErrorKind::RequestTimeout => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
-            ErrorKind::NoHealthyBackend | ErrorKind::NotImplemented => Fault::Gateway,
+            ErrorKind::NoHealthyBackend | ErrorKind::NotImplemented | ErrorKind::Overloaded => {
+                Fault::Gateway
+            }
         }
     }
 
@@ -122,7 +139,10 @@ impl GatewayError {
 
     /// OpenAI's `error.type`.
     pub fn error_type(&self) -> &'static str {
-        if self.kind == ErrorKind::RateLimited {
+        if matches!(
+            self.kind,
+            ErrorKind::RateLimited | ErrorKind::SloUnattainable
+        ) {
             return "rate_limit_error";
         }
         match self.fault() {
@@ -151,6 +171,10 @@ impl GatewayError {
             ErrorKind::RateLimited => "rate_limit_exceeded",
             ErrorKind::Conflict => "conflict",
             ErrorKind::InvalidConfig => "invalid_config",
+            ErrorKind::SloUnattainable => "slo_unattainable",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::UriTooLong => "uri_too_long",
+            ErrorKind::RequestTimeout => "request_timeout",
         }
     }
 
@@ -226,6 +250,8 @@ pub fn reason_phrase(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
+        408 => "Request Timeout",
+        414 => "URI Too Long",
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",

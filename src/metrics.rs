@@ -97,6 +97,12 @@ pub struct ShardMetrics {
     pub throttled: HashMap<(usize, &'static str), u64>,
     /// Requests refused for a missing or wrong API key.
     pub auth_failures: u64,
+    /// Admission decisions: (tenant index or `usize::MAX`, decision, reason) → count.
+    pub admission: HashMap<(usize, &'static str, &'static str), u64>,
+    /// Time requests spent in the edge queue.
+    pub queue_wait: Histogram,
+    /// Filled in when collected: requests in this shard's edge queue.
+    pub queue_depth: u64,
 }
 
 impl ShardMetrics {
@@ -160,6 +166,10 @@ impl ShardMetrics {
         for (k, v) in &other.throttled {
             *self.throttled.entry(*k).or_insert(0) += v;
         }
+        for (k, v) in &other.admission {
+            *self.admission.entry(*k).or_insert(0) += v;
+        }
+        self.queue_wait.merge(&other.queue_wait);
         for (a, b) in [
             (&mut self.predicted_cached, &other.predicted_cached),
             (&mut self.reported_cached, &other.reported_cached),
@@ -190,6 +200,9 @@ pub struct Gauges<'a> {
     /// Index events the coordinator has received from shards.
     pub coordinator_received: u64,
     pub tenants: &'a [String],
+    /// Each tenant's tier name, and the keyless requests' tier label.
+    pub tenant_tiers: &'a [String],
+    pub anonymous_tier: &'a str,
     /// Each engine's load as last scraped.
     pub engine: &'a [Option<EngineLoad>],
     pub breaker: &'a [radixgate_orchestrator::BreakerState],
@@ -211,6 +224,60 @@ impl Gauges<'_> {
             .enumerate()
             .filter(|(i, _)| self.live.get(*i).copied().unwrap_or(true))
     }
+}
+
+/// Admission decisions by tier (tenants of one tier summed), the edge queue's depth
+/// per shard and the time spent in it.
+fn render_admission(
+    out: &mut String,
+    merged: &ShardMetrics,
+    shards: &[ShardMetrics],
+    g: &Gauges<'_>,
+) {
+    header(
+        out,
+        "radixgate_admission_total",
+        "counter",
+        "Admission decisions by tier: admitted (direct, after_queue), queued (saturated), shed (slo_unattainable, pressure, queue_full, queue_timeout).",
+    );
+    let mut rows = std::collections::BTreeMap::new();
+    for ((t, decision, reason), v) in &merged.admission {
+        let tier = g
+            .tenant_tiers
+            .get(*t)
+            .map_or(g.anonymous_tier, |s| s.as_str());
+        *rows.entry((tier, *decision, *reason)).or_insert(0) += v;
+    }
+    for ((tier, decision, reason), v) in rows {
+        let _ = writeln!(
+            out,
+            "radixgate_admission_total{{tier=\"{tier}\",decision=\"{decision}\",reason=\"{reason}\"}} {v}"
+        );
+    }
+    header(
+        out,
+        "radixgate_admission_queue_depth",
+        "gauge",
+        "Requests waiting in each shard's edge queue.",
+    );
+    for s in shards {
+        let _ = writeln!(
+            out,
+            "radixgate_admission_queue_depth{{shard=\"{}\"}} {}",
+            s.shard, s.queue_depth
+        );
+    }
+    header(
+        out,
+        "radixgate_admission_queue_wait_seconds",
+        "histogram",
+        "Time requests spent in the edge queue.",
+    );
+    merged.queue_wait.render(
+        out,
+        "radixgate_admission_queue_wait_seconds",
+        "scope=\"edge\"",
+    );
 }
 
 /// Merges every shard's copy and renders Prometheus text.
@@ -379,6 +446,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             "radixgate_tenant_throttled_total{{tenant=\"{tenant}\",limit=\"{limit}\"}} {v}"
         );
     }
+    render_admission(&mut out, &merged, shards, g);
     header(
         &mut out,
         "radixgate_auth_failures_total",
@@ -546,6 +614,8 @@ mod tests {
                 index_blocks: 0,
                 coordinator_received: 0,
                 tenants: &[],
+                tenant_tiers: &[],
+                anonymous_tier: "anonymous",
                 engine: &[None],
                 breaker: &[radixgate_orchestrator::BreakerState::Closed],
                 healthy: &[true],

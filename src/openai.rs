@@ -83,6 +83,12 @@ impl BodyParser {
         hasher: &mut PromptHasher,
         seed_mix: u64,
     ) -> Result<RequestFacts, GatewayError> {
+        if nesting_exceeds(body, MAX_JSON_DEPTH) {
+            return Err(GatewayError::new(
+                ErrorKind::MalformedJson,
+                format!("the request body nests deeper than {MAX_JSON_DEPTH} levels"),
+            ));
+        }
         let value: Value = sonic_rs::from_slice(body).map_err(|e| {
             GatewayError::new(
                 ErrorKind::MalformedJson,
@@ -151,6 +157,47 @@ impl BodyParser {
             affinity_key: hasher.affinity_key(),
         })
     }
+}
+
+/// Deepest array/object nesting accepted in a body. Parsing, walking (`tools` is
+/// rendered recursively) and dropping a value all recurse, so without a bound a
+/// body of a million `[` overflows the shard's stack.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// Whether `body` nests arrays/objects deeper than `max`, outside strings. One pass:
+/// string contents (most of a prompt) are skipped with memchr, structure bytes are
+/// looked at one by one. Not a validator: sonic-rs rejects malformed JSON next.
+fn nesting_exceeds(body: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                // Skip to the closing quote, past escapes.
+                i += 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &body[i.min(body.len())..]) {
+                        None => return false,
+                        Some(off) if body[i + off] == b'\\' => i += off + 2,
+                        Some(off) => {
+                            i += off;
+                            break;
+                        }
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
 }
 
 fn optional_count(value: &Value, key: &'static str) -> Result<Option<u64>, GatewayError> {
@@ -360,6 +407,51 @@ mod tests {
 
     fn param_of(endpoint: Endpoint, body: &str) -> Option<String> {
         parse(endpoint, body).unwrap_err().param
+    }
+
+    #[test]
+    fn nesting_scan() {
+        assert!(!nesting_exceeds(br#"{"a":[[1]],"s":"[[[[\"[["}"#, 3));
+        assert!(nesting_exceeds(br#"{"a":[[[1]]]}"#, 3));
+        assert!(!nesting_exceeds(br#""unterminated \"#, 1));
+        assert!(!nesting_exceeds(b"]]]]{", 1));
+    }
+
+    #[test]
+    fn hostile_json_is_400_never_a_crash() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        for body in [
+            format!(
+                r#"{{"model":"sim","tools":{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+                deep(100_000)
+            ),
+            format!(
+                r#"{{"model":"sim","messages":[{{"role":"user","content":"x","extra":{}}}]}}"#,
+                deep(100_000)
+            ),
+            "[".repeat(1_000_000),
+            format!(
+                r#"{{"model":"sim","max_tokens":1{},"messages":[]}}"#,
+                "0".repeat(400)
+            ),
+            r#"{"model":"sim","max_tokens":1e999,"messages":[{"role":"user","content":"x"}]}"#
+                .into(),
+            r#"{"model":"sim","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}"#.into(),
+            r#"{"model":"sim","prompt":[99999999999999999999999]}"#.into(),
+        ] {
+            for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
+                let e = parse(endpoint, &body).unwrap_err();
+                assert_eq!(e.status(), 400, "{e}");
+            }
+        }
+        let models = ModelTable::new(vec!["sim".into()]);
+        let mut hasher = PromptHasher::new(NonZeroUsize::new(64).unwrap());
+        let bad_utf8 =
+            b"{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
+        let e = BodyParser
+            .parse(Endpoint::ChatCompletions, bad_utf8, &models, &mut hasher, 0)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_json");
     }
 
     #[test]

@@ -27,7 +27,11 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
         match listener.accept().await {
             Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
-                monoio::spawn(serve_connection(shard.clone(), stream));
+                if shard.conns.len() >= shard.shared.config.server.max_connections {
+                    monoio::spawn(refuse_connection(shard.clone(), stream));
+                } else {
+                    monoio::spawn(serve_connection(shard.clone(), stream));
+                }
             }
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
@@ -38,12 +42,50 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
     }
 }
 
+/// Over `server.max_connections` on this shard: 503 `overloaded` without reading the
+/// request, then close.
+async fn refuse_connection(shard: Rc<Shard>, mut stream: TcpStream) {
+    let e = GatewayError::new(
+        ErrorKind::Overloaded,
+        "too many connections to this gateway shard; retry later",
+    );
+    let _ = monoio::time::timeout(
+        Duration::from_secs(1),
+        respond_error(
+            &shard,
+            &mut stream,
+            &e,
+            "",
+            false,
+            Some(b"Retry-After: 1\r\n"),
+        ),
+    )
+    .await;
+    // Half-close and drain briefly, so unread request bytes do not turn the close
+    // into a reset that discards the answer before the client reads it.
+    let _ = monoio::io::AsyncWriteRent::shutdown(&mut stream).await;
+    let mut scratch = Vec::with_capacity(4096);
+    let _ = monoio::time::timeout(Duration::from_millis(500), async {
+        for _ in 0..16 {
+            scratch.clear();
+            match crate::http::io::read_append(&mut stream, &mut scratch, 4096).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+    })
+    .await;
+}
+
 pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
     let server = &shard.shared.config.server;
     let limits = RequestLimits {
         max_head_bytes: server.max_head_bytes,
+        max_uri_bytes: server.max_uri_bytes,
         max_body_bytes: server.max_body_bytes,
         idle_timeout: server.client_idle_timeout,
+        head_timeout: server.head_timeout,
+        body_timeout: server.body_timeout,
     };
     let mut conn = ClientConn::new(stream, shard.take_buffer());
     let _registered = shard.conns.register(&conn.stream);
@@ -354,6 +396,7 @@ async fn scrape(shard: &Shard) -> String {
     let in_flight: Vec<u32> = (0..table.len())
         .map(|b| shared.in_flight.total(b))
         .collect();
+    let tenant_tiers: Vec<String> = shared.tenants.iter().map(|t| t.tier.clone()).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
         .collect();
@@ -376,6 +419,13 @@ async fn scrape(shard: &Shard) -> String {
                 .index_blocks
                 .load(std::sync::atomic::Ordering::Relaxed),
             tenants: &tenants,
+            tenant_tiers: &tenant_tiers,
+            anonymous_tier: shared
+                .config
+                .admission
+                .anonymous_tier
+                .as_deref()
+                .unwrap_or("anonymous"),
             coordinator_received: shared
                 .coordinator_received
                 .load(std::sync::atomic::Ordering::Relaxed),

@@ -18,9 +18,11 @@ use crate::metrics::ShardMetrics;
 use crate::open_conns::OpenConnections;
 use crate::openai::BodyParser;
 use crate::pool::UpstreamPool;
+use crate::proxy::queue::EdgeQueue;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
 use crate::tenants::{Bucket, KeyTable, Tenant};
 use crate::token_mode::TokenHasher;
+use radixgate_orchestrator::policy::prefix_aware::PrefixAware;
 use radixgate_orchestrator::{
     build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
     PromptHasher, RetryBudget,
@@ -80,6 +82,7 @@ impl Shared {
                 Tenant {
                     name: t.name.clone(),
                     tier: t.tier.clone(),
+                    admission: t.tier_config,
                     // Derived from the tenant's key digests (secret to other
                     // tenants), so no one can compute another tenant's cache salt.
                     seed: xxhash_rust::xxh3::xxh3_64(&t.key_digests.concat())
@@ -157,6 +160,10 @@ pub struct Shard {
     /// Tokens mode only: the token-id blocks that replace the byte blocks.
     pub tokens: Option<RefCell<TokenHasher>>,
     pub candidates: RefCell<Vec<Candidate>>,
+    /// The `prefix_aware` cost model, for admission's TTFT estimate under any policy.
+    pub cost_model: PrefixAware,
+    /// Requests admitted but waiting for a backend with room (`admission.queue_capacity`).
+    pub edge_queue: EdgeQueue,
     /// This shard's replica of the prefix index.
     pub index: RefCell<PrefixIndex>,
     pub matches: RefCell<PrefixMatch>,
@@ -185,6 +192,7 @@ impl Shard {
         let backends = fleet.live.backends.len();
         let models = fleet.live.backends.models().names().len();
         let index = crate::coordinator::new_index(&shared.config, &fleet.live);
+        let cost_model = PrefixAware::new(&fleet.live.policy.prefix);
         let mut hasher = PromptHasher::new(c.routing.block_bytes);
         let tokens = match &c.routing.hashing {
             Hashing::Bytes => None,
@@ -215,6 +223,8 @@ impl Shard {
             hasher: RefCell::new(hasher),
             tokens,
             candidates: RefCell::new(Vec::with_capacity(backends)),
+            cost_model,
+            edge_queue: EdgeQueue::new(c.admission.queue_capacity),
             index: RefCell::new(index),
             matches: RefCell::new(PrefixMatch::default()),
             sessions: RefCell::new(SessionTable::new(
@@ -350,6 +360,7 @@ impl Shard {
                     copy.shard = self.id;
                     copy.replica_blocks = self.index.borrow().total_blocks() as u64;
                     copy.prefill_ns = self.prefill_ns.borrow().clone();
+                    copy.queue_depth = self.edge_queue.len() as u64;
                     let _ = reply.send(copy);
                 }
             }

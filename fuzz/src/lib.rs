@@ -10,8 +10,20 @@
 //! stay within its budgets, and pass its own invariant check. The same ops then run
 //! again with hashes folded into a tiny alphabet (one hash at several depths, which
 //! real chains rule out), where only the index's own invariants are checked.
+//!
+//! `http_request` ([`http`]), `json_body` ([`json`]) and `prompt_hash` ([`prompt`])
+//! drive the gateway's request head and chunked-body path, its JSON body parser, and
+//! the orchestrator's prompt rendering and hashing.
 
 use radixgate_orchestrator::{IndexConfig, PrefixIndex, PrefixMatch};
+
+mod http;
+mod json;
+mod prompt;
+
+pub use http::http_request;
+pub use json::json_body;
+pub use prompt::prompt_hash;
 
 /// The reference model and differential check; it uses `super::{IndexConfig,
 /// PrefixIndex, PrefixMatch}`, imported above.
@@ -112,6 +124,18 @@ mod tests {
         for input in random_inputs(1, 300) {
             prefix_index(&input);
         }
+    }
+
+    #[test]
+    fn random_inputs_pass_the_other_targets() {
+        for input in random_inputs(2, 300) {
+            http_request(&input);
+            json_body(&input);
+            prompt_hash(&input);
+        }
+        http_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+        json_body(br#"{"model":"m","messages":[{"role":"user","content":"hi there, a long enough prompt"}]}"#);
+        json_body(br#"{"model":"sim","prompt":[1,2,3,99999999999999999999999]}"#);
     }
 
     #[test]

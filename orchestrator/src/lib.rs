@@ -4,18 +4,22 @@
 //! parses a request, feeds its prompt to a [`PromptHasher`] to get chained block
 //! hashes and an affinity key, hands a [`RoutingPolicy`] the candidate backends with
 //! their in-flight counts and a seeded RNG, and gets back a [`Pick`] with its
-//! [`Reason`]. Logging and metrics about the pick happen in the caller. The simulator
+//! [`Reason`]; [`admission`] decides, before that, whether the request may go at
+//! all. Logging and metrics about the pick happen in the caller. The simulator
 //! in `bench/` replays the very same code, so decisions stay unit-testable and
 //! reproducible.
 
+pub mod admission;
 pub mod breaker;
 pub mod engine_cache;
 pub mod index;
 pub mod policy;
 pub mod prompt;
+pub mod quota;
 pub mod retry;
 pub mod route;
 
+pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
 pub use engine_cache::EngineCache;
 pub use index::{IndexConfig, PrefixIndex, PrefixMatch};

@@ -112,11 +112,7 @@ impl Engine {
     }
 
     async fn connection(self: Rc<Self>, stream: TcpStream) {
-        let limits = RequestLimits {
-            max_head_bytes: 64 << 10,
-            max_body_bytes: 64 << 20,
-            idle_timeout: Duration::from_secs(300),
-        };
+        let limits = RequestLimits::lenient(64 << 20, Duration::from_secs(300));
         let mut conn = ClientConn::new(stream, Vec::with_capacity(8192));
         let _registered = self.conns.register(&conn.stream);
         loop {

@@ -2,9 +2,16 @@
 //! and pipelined) into buffers the connection owns and reuses.
 //!
 //! Shared by the gateway's shards and the simulated engine, so both parse HTTP the
-//! same way: heads bounded by `max_head_bytes`, bodies by `max_body_bytes` (checked
-//! before reading when the length is declared), `Expect: 100-continue` answered only
-//! when the body has not already arrived, chunked bodies decoded as they come.
+//! same way: heads bounded by `max_head_bytes` (and `MAX_HEADERS` headers), request
+//! targets by `max_uri_bytes`, bodies by `max_body_bytes` (checked before reading
+//! when the length is declared; a chunked body's framing overhead is bounded too),
+//! `Expect: 100-continue` answered only when the body has not already arrived,
+//! chunked bodies decoded as they come.
+//!
+//! Three clocks, so a slow client cannot hold a connection by trickling bytes
+//! (slowloris): `idle_timeout` between requests (waiting for a first byte),
+//! `head_timeout` from a head's first byte to its end, `body_timeout` for the whole
+//! body. Each is a deadline for the whole phase, not per read.
 
 use super::chunked::ChunkedDecoder;
 use super::io::{consume_front, read_append};
@@ -13,14 +20,36 @@ use super::BodyFraming;
 use crate::error::{ErrorKind, GatewayError};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
+use monoio::time::Instant;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RequestLimits {
     pub max_head_bytes: usize,
+    pub max_uri_bytes: usize,
     pub max_body_bytes: u64,
     pub idle_timeout: Duration,
+    pub head_timeout: Duration,
+    pub body_timeout: Duration,
 }
+
+impl RequestLimits {
+    /// Generous limits for peers the gateway trusts (the simulated engine).
+    pub fn lenient(max_body_bytes: u64, idle_timeout: Duration) -> Self {
+        Self {
+            max_head_bytes: 64 << 10,
+            max_uri_bytes: 64 << 10,
+            max_body_bytes,
+            idle_timeout,
+            head_timeout: idle_timeout,
+            body_timeout: idle_timeout.max(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// Chunk-size lines, extensions and trailers a chunked body may add on top of its
+/// payload.
+const MAX_CHUNKED_OVERHEAD: usize = 64 << 10;
 
 pub struct ClientConn {
     pub stream: TcpStream,
@@ -56,8 +85,11 @@ impl ClientConn {
         &mut self,
         limits: &RequestLimits,
     ) -> Result<ReadOutcome, GatewayError> {
+        // Set once the head's first byte is here.
+        let mut head_deadline = None;
         let head_len = loop {
             if !self.buf.is_empty() {
+                head_deadline.get_or_insert_with(|| Instant::now() + limits.head_timeout);
                 let window = self.buf.len().min(limits.max_head_bytes);
                 match parse_request_head(&self.buf[..window], &mut self.head)? {
                     Some(n) => break n,
@@ -74,8 +106,9 @@ impl ClientConn {
                 }
             }
             let between_requests = self.buf.is_empty();
-            let read = monoio::time::timeout(
-                limits.idle_timeout,
+            let deadline = head_deadline.unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+            let read = monoio::time::timeout_at(
+                deadline,
                 read_append(&mut self.stream, &mut self.buf, 4096),
             )
             .await;
@@ -87,10 +120,29 @@ impl ClientConn {
                         "connection closed mid-request",
                     ))
                 }
+                Err(_) if !between_requests => {
+                    return Err(GatewayError::new(
+                        ErrorKind::RequestTimeout,
+                        format!(
+                            "request head not received within {} ms (server.head_timeout_ms)",
+                            limits.head_timeout.as_millis()
+                        ),
+                    ))
+                }
                 _ => return Ok(ReadOutcome::Closed),
             }
         };
+        if self.head.path.len() > limits.max_uri_bytes {
+            return Err(GatewayError::new(
+                ErrorKind::UriTooLong,
+                format!(
+                    "request target exceeds {} bytes (server.max_uri_bytes)",
+                    limits.max_uri_bytes
+                ),
+            ));
+        }
         consume_front(&mut self.buf, head_len);
+        let body_deadline = Instant::now() + limits.body_timeout;
 
         self.body.clear();
         let framing = self.head.framing();
@@ -111,7 +163,7 @@ impl ClientConn {
             BodyFraming::Length(n) => {
                 let n = n as usize;
                 while self.buf.len() < n {
-                    self.fill(limits, n - self.buf.len()).await?;
+                    self.fill(limits, body_deadline, n - self.buf.len()).await?;
                 }
                 self.body.extend_from_slice(&self.buf[..n]);
                 consume_front(&mut self.buf, n);
@@ -119,6 +171,7 @@ impl ClientConn {
             BodyFraming::Chunked => {
                 let mut decoder = ChunkedDecoder::new();
                 let max = limits.max_body_bytes as usize;
+                let mut wire_bytes = 0usize;
                 loop {
                     let mut over = false;
                     let body = &mut self.body;
@@ -131,23 +184,29 @@ impl ClientConn {
                             }
                         })
                         .map_err(|e| GatewayError::new(ErrorKind::BadHttp, e.to_string()))?;
-                    if over {
+                    wire_bytes += used;
+                    if over || wire_bytes > max.saturating_add(MAX_CHUNKED_OVERHEAD) {
                         return Err(body_too_large(limits.max_body_bytes));
                     }
                     consume_front(&mut self.buf, used);
                     if decoder.is_done() {
                         break;
                     }
-                    self.fill(limits, 4096).await?;
+                    self.fill(limits, body_deadline, 4096).await?;
                 }
             }
         }
         Ok(ReadOutcome::Request)
     }
 
-    async fn fill(&mut self, limits: &RequestLimits, want: usize) -> Result<(), GatewayError> {
-        let read = monoio::time::timeout(
-            limits.idle_timeout,
+    async fn fill(
+        &mut self,
+        limits: &RequestLimits,
+        deadline: Instant,
+        want: usize,
+    ) -> Result<(), GatewayError> {
+        let read = monoio::time::timeout_at(
+            deadline,
             read_append(&mut self.stream, &mut self.buf, want.clamp(4096, 64 << 10)),
         )
         .await;
@@ -158,8 +217,11 @@ impl ClientConn {
                 "connection closed mid-body",
             )),
             Err(_) => Err(GatewayError::new(
-                ErrorKind::BadHttp,
-                "timed out reading the request body",
+                ErrorKind::RequestTimeout,
+                format!(
+                    "request body not received within {} ms (server.body_timeout_ms)",
+                    limits.body_timeout.as_millis()
+                ),
             )),
         }
     }

@@ -28,6 +28,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     pub request_id: String,
     pub policy_override: String,
+    /// `X-SLO-TTFT-Ms` as sent (validated by admission); never forwarded.
+    pub slo_ttft_ms: String,
     /// `X-Session-ID`: keeps a conversation on its backend (still forwarded).
     pub session_id: String,
     /// The client's `Authorization` value (never forwarded).
@@ -55,13 +57,14 @@ impl RequestHead {
 
 /// Gateway control headers: read by radixgate, never forwarded.
 fn is_gateway_header(name: &str) -> bool {
-    const OWN: [&str; 6] = [
+    const OWN: [&str; 7] = [
         "authorization",
         "host",
         "content-length",
         "expect",
         "x-request-id",
         "x-router-policy",
+        "x-slo-ttft-ms",
     ];
     OWN.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
@@ -103,6 +106,7 @@ pub fn parse_request_head(
     head.expect_continue = false;
     head.request_id.clear();
     head.policy_override.clear();
+    head.slo_ttft_ms.clear();
     head.session_id.clear();
     head.trace_id = 0;
     head.authorization.clear();
@@ -110,6 +114,7 @@ pub fn parse_request_head(
 
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
+    let bad = |message: &str| Err(GatewayError::new(ErrorKind::BadHttp, message.to_owned()));
     let mut connection_tokens: Option<&[u8]> = None;
     for h in req.headers.iter() {
         let name = h.name;
@@ -117,23 +122,25 @@ pub fn parse_request_head(
             let v = parse_content_length(h.value).ok_or_else(|| {
                 GatewayError::new(ErrorKind::BadHttp, "invalid Content-Length header")
             })?;
-            if content_length.is_some_and(|prev| prev != v) {
-                return Err(GatewayError::new(
-                    ErrorKind::BadHttp,
-                    "conflicting Content-Length headers",
-                ));
+            // Duplicates are refused even when equal: a proxy in front may have
+            // picked the other one (request smuggling).
+            if content_length.is_some() {
+                return bad("duplicate Content-Length headers");
             }
             content_length = Some(v);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // Only `chunked` (as the final coding) is understood.
-            if header_has_token(h.value, "chunked") {
-                chunked = true;
-            } else {
-                return Err(GatewayError::new(
-                    ErrorKind::BadHttp,
-                    "unsupported Transfer-Encoding (only chunked is accepted)",
-                ));
+            // Exactly one `Transfer-Encoding: chunked`; no other coding, no list,
+            // and none on HTTP/1.0 (RFC 9112 §6.1: treat as faulty framing).
+            if chunked {
+                return bad("duplicate Transfer-Encoding headers");
             }
+            if !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return bad("unsupported Transfer-Encoding (only `chunked` is accepted)");
+            }
+            if http10 {
+                return bad("Transfer-Encoding on an HTTP/1.0 request");
+            }
+            chunked = true;
         } else if name.eq_ignore_ascii_case("connection") {
             if header_has_token(h.value, "close") {
                 head.keep_alive = false;
@@ -159,16 +166,16 @@ pub fn parse_request_head(
         } else if name.eq_ignore_ascii_case("x-session-id") {
             head.session_id
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
+        } else if name.eq_ignore_ascii_case("x-slo-ttft-ms") {
+            head.slo_ttft_ms
+                .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("x-router-policy") {
             head.policy_override
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         }
     }
     if chunked && content_length.is_some() {
-        return Err(GatewayError::new(
-            ErrorKind::BadHttp,
-            "both Content-Length and Transfer-Encoding given",
-        ));
+        return bad("both Content-Length and Transfer-Encoding given");
     }
     head.framing = Some(if chunked {
         BodyFraming::Chunked
@@ -241,17 +248,29 @@ mod tests {
             parse(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err()
         );
         assert!(parse(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n").is_err());
+        for smuggled in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: +2\r\n\r\n",
+        ] {
+            assert!(
+                parse(smuggled).is_err(),
+                "{}",
+                String::from_utf8_lossy(smuggled)
+            );
+        }
         assert!(parse(b"GARBAGE\r\n\r\n").is_err());
     }
 
     #[test]
     fn http10_and_expect() {
         let (head, _) =
-            parse(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n")
-                .unwrap();
+            parse(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n").unwrap();
         assert!(!head.keep_alive);
         assert!(head.expect_continue);
-        assert_eq!(head.framing(), BodyFraming::Chunked);
+        assert_eq!(head.framing(), BodyFraming::Length(3));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! the policy's next-best candidate, bounded by `retry.max_attempts` and the shard's
 //! retry budget. The request body goes upstream exactly as the client sent it.
 
+mod admit;
 mod exchange;
+pub mod queue;
 mod route;
 
 use crate::access_log::{AccessRecord, InlineId};
@@ -30,6 +32,7 @@ use radixgate_orchestrator::PolicyName;
 use route::{policy_for, route, ProbeGuard};
 use std::fmt::Write as _;
 use std::rc::Rc;
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bodies up to this size are sent in the same write as the request head.
@@ -46,6 +49,9 @@ struct Request<'a> {
     policy: PolicyName,
     tenant: Option<usize>,
     started: Instant,
+    /// The prompt's blocks, copied off the shard's scratch when the request had to
+    /// wait in the edge queue (other requests reuse the scratch meanwhile).
+    blocks: Option<Arc<[u64]>>,
 }
 
 /// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
@@ -108,6 +114,11 @@ pub async fn forward(
         ));
     }
     let policy = policy_for(shard, head)?;
+    let tier = match tenant {
+        Some(t) => shared.tenants[t].admission,
+        None => shared.config.admission.anonymous,
+    };
+    let budget = admit::budget(head, &tier)?;
     let now = shared.now_ms();
     let admission = match tenant.map(|t| &shared.tenants[t]) {
         None => None,
@@ -122,6 +133,53 @@ pub async fn forward(
             }
         }
     };
+    let gate = admit::Admission {
+        shard,
+        tenant,
+        facts: &facts,
+        tier,
+        budget,
+        started,
+    };
+    let mut blocks = None;
+    if gate.applies() {
+        let first = gate.first(&shard.prompt_blocks());
+        let outcome = match first {
+            Ok(None) => Ok(admit::Admitted::Direct),
+            Ok(Some(deadline)) => {
+                let copy: Arc<[u64]> = (*shard.prompt_blocks()).into();
+                let r = gate.wait(&copy, deadline).await;
+                blocks = Some(copy);
+                r.map(|()| admit::Admitted::AfterQueue)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        match outcome {
+            Ok(how) => count_admission(
+                shard,
+                tenant,
+                "admitted",
+                if how == admit::Admitted::AfterQueue {
+                    "after_queue"
+                } else {
+                    "direct"
+                },
+            ),
+            Err((refusal, e)) => {
+                count_admission(shard, tenant, "shed", refusal.as_str());
+                if let Some(a) = &admission {
+                    a.refund(shared.now_ms());
+                }
+                let mut extra = Vec::with_capacity(64);
+                let _ = write!(
+                    Utf8Vec(&mut extra),
+                    "Retry-After: {}\r\n",
+                    refusal.retry_after_secs()
+                );
+                return answer_refusal(shard, client, head, request_id, tenant, &e, extra).await;
+            }
+        }
+    }
     // Tenant isolation: the engine's cache is salted per tenant too (vLLM cache_salt).
     let salted;
     let upstream_body = match (isolated, tenant) {
@@ -138,6 +196,7 @@ pub async fn forward(
         policy,
         tenant,
         started,
+        blocks,
     };
     let (keep_open, usage) = attempt_all(shard, client, &request, upstream_body).await?;
     // Reconcile the tokens charged up front with what the engine reported.
@@ -210,16 +269,46 @@ async fn answer_throttle(
     let mut extra = Vec::with_capacity(256);
     let _ = write!(
         Utf8Vec(&mut extra),
-        "Retry-After: {}\r\nX-Request-Id: {request_id}\r\n",
+        "Retry-After: {}\r\n",
         throttle.retry_after_secs()
     );
     tenant.rate_limit_headers(now, &mut extra);
+    answer_refusal(shard, client, head, request_id, tenant_idx, &e, extra).await
+}
+
+/// Counts one admission decision for the metrics.
+pub(super) fn count_admission(
+    shard: &Shard,
+    tenant: Option<usize>,
+    decision: &'static str,
+    reason: &'static str,
+) {
+    *shard
+        .metrics
+        .borrow_mut()
+        .admission
+        .entry((tenant.unwrap_or(usize::MAX), decision, reason))
+        .or_insert(0) += 1;
+}
+
+/// Answers a request the gateway refused before routing (quota, admission), with
+/// `extra` header lines; logs and counts it.
+async fn answer_refusal(
+    shard: &Shard,
+    client: &mut TcpStream,
+    head: &RequestHead,
+    request_id: &str,
+    tenant: Option<usize>,
+    e: &GatewayError,
+    mut extra: Vec<u8>,
+) -> Result<bool, GatewayError> {
+    let _ = write!(Utf8Vec(&mut extra), "X-Request-Id: {request_id}\r\n");
     shard.log_access(AccessRecord::refused(
         shard.id,
         request_id,
         head.trace_id,
-        tenant_idx,
-        &e,
+        tenant,
+        e,
         0,
     ));
     shard
@@ -227,7 +316,7 @@ async fn answer_throttle(
         .borrow_mut()
         .count_request(crate::metrics::RequestKey {
             backend: None,
-            status: 429,
+            status: e.status(),
             reason: e.code(),
         });
     let (r, _) = client
@@ -277,9 +366,24 @@ async fn attempt_all(
     let mut attempt = 0;
     // The failure that led to the current retry, answered if no backend is left.
     let mut previous: Option<(GatewayError, route::Route)> = None;
+    // The prompt's blocks once the shard's scratch can no longer be trusted (after
+    // an await, another request on this shard may have reused it).
+    let mut carried = req.blocks.clone();
     loop {
         attempt += 1;
-        let route = match route(shard, facts, policy, session, &excluded[..attempt - 1]) {
+        let excluded_now = &excluded[..attempt - 1];
+        let routed = match &carried {
+            Some(b) => route(shard, b, facts, policy, session, excluded_now),
+            None => route(
+                shard,
+                &shard.prompt_blocks(),
+                facts,
+                policy,
+                session,
+                excluded_now,
+            ),
+        };
+        let route = match routed {
             Ok(r) => r,
             Err(e) => match previous {
                 Some((error, route)) => {
@@ -349,6 +453,9 @@ async fn attempt_all(
                 if may_retry && shard.retry_budget.borrow_mut().withdraw(shared.now_ms()) {
                     shard.metrics.borrow_mut().retries[backend] += 1;
                     excluded[attempt - 1] = backend;
+                    if carried.is_none() {
+                        carried = Some(route.blocks.clone().unwrap_or_else(|| Arc::from([])));
+                    }
                     tracing::debug!(backend = %shard.backend_id(backend), error = %e, "retrying on another backend");
                     previous = Some((e, route));
                     continue;

@@ -75,29 +75,26 @@ fn publish(shard: &Shard, op: IndexOp) {
     });
 }
 
-/// Looks the prompt up in this shard's index replica, asks the policy, and records
-/// the belief that the pick now holds the prompt (applied here at once, replicated
-/// through the coordinator).
-pub(super) fn route(
+/// Fills the shard's candidate scratch for `model`: the healthy, undrained backends
+/// whose breaker lets a request through (and not in `excluded`), with their load and
+/// the leading `blocks` each holds per this shard's index replica.
+pub(super) fn fill_candidates(
     shard: &Shard,
-    facts: &RequestFacts,
-    policy: PolicyName,
-    session: Option<u64>,
+    blocks: &[u64],
+    model: usize,
+    session_home: Option<usize>,
     excluded: &[usize],
-) -> Result<Route, GatewayError> {
+) -> Result<(), GatewayError> {
     let shared = &shard.shared;
-    let now_ms = shared.now_ms();
-    let blocks = shard.prompt_blocks();
-    let blocks = &*blocks;
+    shard.candidates.borrow_mut().clear();
     let mut matches = shard.matches.borrow_mut();
     shard.index.borrow().match_prefix(blocks, &mut matches);
-    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     let fleet = shard.fleet.borrow();
     let live = &*fleet.live;
-    let serving = live.backends.serving(facts.model);
+    let serving = live.backends.serving(model);
     if serving.is_empty() {
         // Its last backend was removed since the model was first seen.
-        let model = live.backends.models().name(facts.model);
+        let model = live.backends.models().name(model);
         return Err(GatewayError {
             kind: ErrorKind::ModelNotFound,
             message: format!("The model `{model}` does not exist."),
@@ -126,6 +123,27 @@ pub(super) fn route(
             });
         }
     }
+    Ok(())
+}
+
+/// Looks the prompt (`blocks`) up in this shard's index replica, asks the policy,
+/// and records the belief that the pick now holds the prompt (applied here at once,
+/// replicated through the coordinator).
+pub(super) fn route(
+    shard: &Shard,
+    blocks: &[u64],
+    facts: &RequestFacts,
+    policy: PolicyName,
+    session: Option<u64>,
+    excluded: &[usize],
+) -> Result<Route, GatewayError> {
+    let shared = &shard.shared;
+    let now_ms = shared.now_ms();
+    let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
+    fill_candidates(shard, blocks, facts.model, session_home, excluded)?;
+    let fleet = shard.fleet.borrow();
+    let live = &*fleet.live;
+    let candidates = shard.candidates.borrow();
     let no_backend = || {
         GatewayError::new(
             ErrorKind::NoHealthyBackend,

@@ -130,6 +130,10 @@ pub struct SimArgs {
     /// Print a JSON array of row objects instead of Markdown tables.
     #[arg(long)]
     pub json: bool,
+    /// Run the edge experiments instead (tenant fairness and SLO attainment with and
+    /// without admission; see `sim::edge`). Uses `--seed` and `--backends`.
+    #[arg(long)]
+    pub edge: bool,
 
     /// Backends (engines).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -281,6 +285,9 @@ struct Batch {
 
 /// Runs what the flags ask for and renders it (Markdown or JSON).
 pub fn run(args: &SimArgs) -> String {
+    if args.edge {
+        return super::edge::report(args.seed, args.backends as usize);
+    }
     let base = args.sim_config();
     let policies = args.policies();
     let window = match args.sweep {

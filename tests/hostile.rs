@@ -1,0 +1,270 @@
+//! Hostile input over raw TCP, on both drivers: oversized heads, too many headers,
+//! long URIs, slowloris heads and bodies, idle keep-alive, the per-shard connection
+//! cap, request smuggling, bad chunking and hostile JSON. Every case checks the
+//! answer (OpenAI's error shape), whether the connection is closed, and that the
+//! shard keeps serving other requests afterwards. Bounded: one shard, small limits,
+//! sub-second timeouts.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const LIMITS: &str = "max_head_bytes = 2048\nmax_uri_bytes = 512\nmax_body_bytes = 4096\nclient_idle_timeout_ms = 400\nhead_timeout_ms = 300\nbody_timeout_ms = 300\nmax_connections = 4\n";
+
+fn gateway(io: &str) -> (Vec<radixgate::engine_sim::EngineHandle>, radixgate::Gateway) {
+    instant_fleet(io, 1, 1, LIMITS)
+}
+
+/// A fresh connection is served normally.
+fn still_serves(addr: SocketAddr) {
+    let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("ok", false), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Sends `bytes` on a fresh connection; returns the answer and whether the gateway
+/// closed the connection after it.
+fn send_raw(addr: SocketAddr, bytes: &[u8]) -> (Response, bool) {
+    let mut c = Client::connect(addr);
+    c.send(bytes);
+    let r = c.read_response();
+    let closed = c.is_closed();
+    (r, closed)
+}
+
+fn expect_error(addr: SocketAddr, bytes: &[u8], status: u16, code: &str) {
+    let (r, closed) = send_raw(addr, bytes);
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(r.error_param_code().1, code, "{}", r.text());
+    assert!(closed, "connection left open after {code}");
+}
+
+fn head_limits(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let big = format!(
+        "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(4000)
+    );
+    expect_error(addr, big.as_bytes(), 431, "headers_too_large");
+    let mut many = String::from("GET /health HTTP/1.1\r\nHost: t\r\n");
+    for i in 0..100 {
+        many.push_str(&format!("X-{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    expect_error(addr, many.as_bytes(), 431, "headers_too_large");
+    let long_uri = format!(
+        "GET /health?{} HTTP/1.1\r\nHost: t\r\n\r\n",
+        "q".repeat(600)
+    );
+    expect_error(addr, long_uri.as_bytes(), 414, "uri_too_long");
+    expect_error(
+        addr,
+        b"\x16\x03\x01\x02\x00\x01\x00\r\n\r\n",
+        400,
+        "bad_request",
+    );
+    still_serves(addr);
+}
+both_drivers!(head_limits);
+
+fn slowloris_head_and_body(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    // A head trickled a byte at a time, each well within the idle timeout: cut off
+    // by the head deadline.
+    let mut c = Client::connect(addr);
+    let started = Instant::now();
+    let head = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Slow: ";
+    c.send(head);
+    // Trickle until the gateway answers (it must, within ~300 ms) or 1.5 s pass.
+    let mut answered = false;
+    while started.elapsed() < Duration::from_millis(1500) {
+        pause(Duration::from_millis(60));
+        c.stream().set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        answered = matches!(c.stream().peek(&mut byte), Ok(n) if n > 0);
+        c.stream().set_nonblocking(false).unwrap();
+        if answered || c.stream().write_all(b"a").is_err() {
+            break;
+        }
+    }
+    assert!(answered, "no answer to a trickled head");
+    assert!(started.elapsed() < Duration::from_millis(1000));
+    let r = c.read_response();
+    assert_eq!(r.status, 408);
+    assert_eq!(r.error_param_code().1, "request_timeout");
+    assert!(c.is_closed());
+    // Meanwhile (and after) other clients are served.
+    still_serves(addr);
+    // A body that stalls.
+    let mut c = Client::connect(addr);
+    c.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"model\"",
+    );
+    let r = c.read_response();
+    assert_eq!(r.status, 408);
+    assert!(c.is_closed());
+    // A chunked body that stalls between chunks.
+    let mut c = Client::connect(addr);
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n");
+    let r = c.read_response();
+    assert_eq!(r.status, 408);
+    still_serves(addr);
+}
+both_drivers!(slowloris_head_and_body);
+
+fn idle_keep_alive_is_closed(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let mut c = Client::connect(addr);
+    assert_eq!(c.get("/health").status, 200);
+    let idle = Instant::now();
+    assert!(c.is_closed(), "idle connection not closed");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    still_serves(addr);
+}
+both_drivers!(idle_keep_alive_is_closed);
+
+fn connection_cap_per_shard(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    // Four open (idle) connections fill the shard's cap of 4.
+    let mut held: Vec<Client> = (0..4)
+        .map(|_| {
+            let mut c = Client::connect(addr);
+            assert_eq!(c.get("/health").status, 200);
+            c
+        })
+        .collect();
+    let (r, closed) = send_raw(addr, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.error_param_code().1, "overloaded");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(closed);
+    // The held connections still work; one closing frees a place.
+    assert_eq!(held[0].get("/health").status, 200);
+    drop(held.pop());
+    assert!(eventually(Duration::from_secs(2), || {
+        let mut c = Client::connect(addr);
+        c.send(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+        c.read_response().status == 200
+    }));
+}
+both_drivers!(connection_cap_per_shard);
+
+fn request_smuggling_and_bad_chunks(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let body = chat_body("s", false);
+    let cases = [
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", body.len()),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {0}\r\nContent-Length: {0}\r\n\r\n{body}", body.len()),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nContent-Length: 5\r\n\r\n{body}", body.len()),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n".to_string(),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_string(),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n".to_string(),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_string(),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\n".to_string(),
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n".to_string(),
+    ];
+    for case in &cases {
+        expect_error(addr, case.as_bytes(), 400, "bad_request");
+    }
+    // A chunked body whose framing overhead runs far past its payload limit.
+    let mut c = Client::connect(addr);
+    c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let ext = format!("1;{}\r\nx\r\n", "e".repeat(1000));
+    for _ in 0..200 {
+        if c.stream().write_all(ext.as_bytes()).is_err() {
+            break;
+        }
+    }
+    assert_eq!(c.read_response().status, 413);
+    // Oversized declared body.
+    expect_error(
+        addr,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 999999\r\n\r\n",
+        413,
+        "request_too_large",
+    );
+    still_serves(addr);
+}
+both_drivers!(request_smuggling_and_bad_chunks);
+
+fn hostile_json(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let deep = format!(
+        r#"{{"model":"sim","messages":[{{"role":"user","content":"x","x":{}{}}}]}}"#,
+        "[".repeat(1500),
+        "]".repeat(1500)
+    );
+    let bodies: Vec<(Vec<u8>, &str)> = vec![
+        (
+            b"{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"
+                .to_vec(),
+            "invalid_json",
+        ),
+        (deep.into_bytes(), "invalid_json"),
+        ("[".repeat(4000).into_bytes(), "invalid_json"),
+        (
+            br#"{"model":"sim","max_tokens":1e999,"messages":[{"role":"user","content":"x"}]}"#
+                .to_vec(),
+            "invalid_json",
+        ),
+        (
+            format!(
+                r#"{{"model":"sim","max_tokens":{},"messages":[{{"role":"user","content":"x"}}]}}"#,
+                "9".repeat(300)
+            )
+            .into_bytes(),
+            "invalid_value",
+        ),
+        (
+            br#"{"model":"sim","max_tokens":-3,"messages":[{"role":"user","content":"x"}]}"#
+                .to_vec(),
+            "invalid_value",
+        ),
+        (br#"{"model":7,"messages":[]}"#.to_vec(), "invalid_value"),
+        (
+            br#"{"model":"sim","messages":{"role":"user"}}"#.to_vec(),
+            "invalid_value",
+        ),
+        (
+            br#"{"model":"sim","stream":"yes","messages":[{"role":"user","content":"x"}]}"#
+                .to_vec(),
+            "invalid_value",
+        ),
+        (
+            br#"{"model":"sim","messages":[{"role":"user","content":"x"}]"#.to_vec(),
+            "invalid_json",
+        ),
+        (b"null".to_vec(), "invalid_json"),
+    ];
+    // One keep-alive connection: each bad body is answered and the next request on
+    // the same connection is still read correctly.
+    let mut c = Client::connect(addr);
+    for (body, code) in &bodies {
+        let mut req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        c.send(&req);
+        let r = c.read_response();
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.error_param_code().1, *code, "{}", r.text());
+    }
+    let r = c.post("/v1/chat/completions", &chat_body("after", false), &[]);
+    assert_eq!(r.status, 200);
+    still_serves(addr);
+}
+both_drivers!(hostile_json);
