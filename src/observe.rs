@@ -44,7 +44,7 @@ const KEYS: [&[u8]; 3] = [
 /// fresh searcher (prefilter, rare-byte ranking) for every key on every scan, which
 /// cost more than the scan itself. A `Finder` is immutable and `Sync`; after the first
 /// use the `LazyLock` is one atomic load, no lock.
-static FINDERS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| KEYS.map(|k| Finder::new(k)));
+static FINDERS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| KEYS.map(Finder::new));
 
 impl UsageScanner {
     pub fn feed(&mut self, data: &[u8]) {
