@@ -4,6 +4,8 @@
 #
 #   perf/callgrind.sh [radixgate|nginx] [REQUESTS] [BODY_BYTES] [POLICY]
 #                                   (defaults: radixgate 5000 2048 prefix_aware)
+#   BIN=/tmp/radixgate-before TAG=before perf/callgrind.sh radixgate 2000
+#                                   (a given binary, not this checkout; TAG names the dump)
 #
 # Starts one `radixgate engine-sim --fixed-response` natively and the proxy under
 # callgrind (radixgate: 1 shard, epoll driver, as valgrind does not model io_uring;
@@ -18,8 +20,12 @@ PROXY=${1:-radixgate}
 REQUESTS=${2:-5000}
 BODY=${3:-2048}
 POLICY=${4:-prefix_aware}
-cargo build --release -q -p radixgate
-BIN=$PWD/target/release/radixgate
+# BIN=path/to/radixgate measures that binary instead of building this checkout (for
+# before/after comparisons: copy the "before" binary aside, then change the code).
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p radixgate
+  BIN=$PWD/target/release/radixgate
+fi
 OUTDIR=$PWD/target/callgrind
 mkdir -p "$OUTDIR"
 WORK=$(mktemp -d /tmp/radixgate-callgrind.XXXXXX)
@@ -37,7 +43,7 @@ EPORT=$(free_port)
 "$BIN" engine-sim --listen "127.0.0.1:$EPORT" --fixed-response >"$WORK/engine.log" 2>&1 &
 PIDS+=($!)
 PORT=$(free_port)
-OUT=$OUTDIR/callgrind.$PROXY-$POLICY-$BODY.out
+OUT=$OUTDIR/callgrind.$PROXY-$POLICY-$BODY${TAG:+-$TAG}.out
 case $PROXY in
 radixgate)
   cat >"$WORK/gw.toml" <<TOML

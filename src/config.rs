@@ -707,6 +707,31 @@ fn millis(ms: u64, key: &str, errors: &mut Vec<String>) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// The CPUs this host has (configured, online or not), whatever this process's
+/// affinity: `sched_getaffinity` (`core_affinity::get_core_ids`) lists only the cores
+/// the process may run on, so under `taskset -c 1` it holds one core, numbered 1, and
+/// counting it as the host's size refused `cores = [1]` ("core 1 does not exist (this
+/// host has 1)"). 0 when unknown (nothing is checked then).
+fn host_core_count() -> usize {
+    // SAFETY: sysconf takes a constant and reads no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// A core number past the host's CPUs is an error. One that exists but lies outside
+/// this process's CPU affinity is not: the shard starts unpinned and says so
+/// (see `gateway.rs`), since affinity can change between check and start.
+fn check_cores(cores: &[usize], host_cores: usize, errors: &mut Vec<String>) {
+    for (i, c) in cores.iter().enumerate() {
+        if host_cores > 0 && *c >= host_cores {
+            errors.push(format!(
+                "server.cores[{i}]: core {c} does not exist (this host has {host_cores} cores, 0-{})",
+                host_cores - 1
+            ));
+        }
+    }
+}
+
 fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     let s = wire.server;
     let listen = s.listen.parse().unwrap_or_else(|_| {
@@ -736,14 +761,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             IoMode::Auto
         }
     };
-    let core_count = core_affinity::get_core_ids().map_or(0, |c| c.len());
-    for (i, c) in s.cores.iter().enumerate() {
-        if core_count > 0 && *c >= core_count {
-            errors.push(format!(
-                "server.cores[{i}]: core {c} does not exist (this host has {core_count})"
-            ));
-        }
-    }
+    check_cores(&s.cores, host_core_count(), errors);
     if s.max_body_bytes == 0 {
         errors.push("server.max_body_bytes: must be greater than 0".into());
     }
@@ -1167,6 +1185,51 @@ pub fn parse_http_url(url: &str) -> Result<(SocketAddr, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cores_are_checked_against_the_host_not_the_affinity_mask() {
+        let mut errors = Vec::new();
+        check_cores(&[0, 1, 3], 4, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        check_cores(&[1, 4], 4, &mut errors);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("server.cores[1]: core 4 does not exist"));
+        // Unknown host size: nothing to check against.
+        let mut none = Vec::new();
+        check_cores(&[99], 0, &mut none);
+        assert!(none.is_empty());
+    }
+
+    /// The case `taskset -c 1` hit: the process may run on one core only, and a config
+    /// naming the last core of the host must still load.
+    #[test]
+    fn config_loads_under_a_narrow_affinity_mask() {
+        let host = host_core_count();
+        let last = host.saturating_sub(1);
+        let toml = format!(
+            r#"
+            [server]
+            listen = "127.0.0.1:8080"
+            cores = [{last}]
+            [routing]
+            policy = "round_robin"
+            [[backends]]
+            id = "b0"
+            url = "http://127.0.0.1:9001"
+            models = ["sim"]
+            "#
+        );
+        // On a thread allowed only core 0, as `taskset -c 0` would leave it.
+        let result = std::thread::spawn(move || {
+            if let Some(first) = core_affinity::get_core_ids().and_then(|c| c.first().copied()) {
+                core_affinity::set_for_current(first);
+            }
+            Config::from_toml(&toml).map(|c| c.server.cores)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(result.unwrap(), vec![last]);
+    }
 
     #[test]
     fn minimal_config() {

@@ -95,6 +95,15 @@ impl Gateway {
             let fleet = initial.clone();
             let core = (!cores.is_empty()).then(|| cores[id % cores.len()]);
             let core_id = core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
+            if let (Some(c), None) = (core, core_id) {
+                // The core exists (config validation checked the host) but this process
+                // may not run there, e.g. under a narrower `taskset`.
+                tracing::warn!(
+                    shard = id,
+                    core = c,
+                    "server.cores: core is outside this process's CPU affinity; shard runs unpinned"
+                );
+            }
             let handle = std::thread::Builder::new()
                 .name(format!("radixgate-shard-{id}"))
                 .spawn(move || {

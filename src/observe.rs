@@ -5,7 +5,8 @@
 //! each piece and keeps a short tail so a key split across two reads is still found.
 //! The last value seen wins (usage comes once, at the end).
 
-use memchr::memmem;
+use memchr::memmem::Finder;
+use std::sync::LazyLock;
 
 const TAIL: usize = 48;
 
@@ -39,6 +40,12 @@ const KEYS: [&[u8]; 3] = [
     b"\"cached_tokens\":",
 ];
 
+/// The three key searchers, built once per process: `memmem::find_iter` would build a
+/// fresh searcher (prefilter, rare-byte ranking) for every key on every scan, which
+/// cost more than the scan itself. A `Finder` is immutable and `Sync`; after the first
+/// use the `LazyLock` is one atomic load, no lock.
+static FINDERS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| KEYS.map(Finder::new));
+
 impl UsageScanner {
     pub fn feed(&mut self, data: &[u8]) {
         if data.is_empty() {
@@ -71,8 +78,9 @@ impl UsageScanner {
     /// byte `n`. A number that runs to the end of `hay` may be cut: skip it (the tail
     /// scan of the next piece finds it whole).
     fn scan(&mut self, hay: &[u8], starts_before: Option<usize>) {
-        for (k, key) in KEYS.iter().enumerate() {
-            for pos in memmem::find_iter(hay, key) {
+        for (k, finder) in FINDERS.iter().enumerate() {
+            let key = finder.needle();
+            for pos in finder.find_iter(hay) {
                 if starts_before.is_some_and(|n| pos >= n) {
                     break;
                 }

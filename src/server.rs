@@ -137,7 +137,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
     let mut request_id = std::mem::take(&mut conn.head.request_id);
     if request_id.is_empty() {
         let n = shard.rng.borrow_mut().u128(..);
-        let _ = write!(request_id, "{n:032x}");
+        push_hex_u128(&mut request_id, n);
     }
     let keep_alive = conn.head.keep_alive;
     let method = conn.head.method();
@@ -289,6 +289,17 @@ async fn respond_error(
     r.map(|_| ())
 }
 
+/// Appends `n` as 32 lowercase hex digits (what `{n:032x}` writes, without `core::fmt`).
+fn push_hex_u128(out: &mut String, n: u128) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 32];
+    for (i, d) in digits.iter_mut().enumerate() {
+        *d = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    // Every byte is an ASCII hex digit.
+    out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+}
+
 /// `fmt::Write` into a byte vector.
 pub struct Utf8Vec<'a>(pub &'a mut Vec<u8>);
 
@@ -435,4 +446,24 @@ async fn scrape(shard: &Shard) -> String {
             kv_events: &kv_events,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_32_hex_digits() {
+        for n in [
+            0u128,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            let mut s = String::new();
+            push_hex_u128(&mut s, n);
+            assert_eq!(s, format!("{n:032x}"));
+        }
+    }
 }

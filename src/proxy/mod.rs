@@ -541,14 +541,15 @@ fn write_upstream_head(
     request_id: &str,
 ) {
     let b = shard.backend(backend);
-    let _ = write!(
-        Utf8Vec(out),
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nX-Request-Id: {}\r\n",
-        head.path,
-        b.host,
-        body_len,
-        request_id
-    );
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(head.path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(b.host.as_bytes());
+    out.extend_from_slice(b"\r\nContent-Length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+    out.extend_from_slice(b"\r\nX-Request-Id: ");
+    out.extend_from_slice(request_id.as_bytes());
+    out.extend_from_slice(b"\r\n");
     if let Some(auth) = &b.upstream_auth {
         out.extend_from_slice(auth.as_bytes());
     }
