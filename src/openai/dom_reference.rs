@@ -1,7 +1,9 @@
 //! The DOM-based body parser this module used before the lazy one (sonic-rs `Value`),
-//! kept verbatim as the reference the lazy parser must agree with: same facts, same
+//! kept as the reference the one-pass parser must agree with (the leaf helpers
+//! `feed_json` and `content_part_text`, unchanged by it, are shared): same facts, same
 //! errors (kind and param), same canonical prompt stream (block hashes).
 
+use super::{content_part_text, feed_json};
 use super::{Endpoint, ErrorKind, GatewayError, ModelTable, RequestFacts};
 use radixgate_orchestrator::PromptHasher;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
@@ -181,66 +183,6 @@ fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<(), Gateway
         }
     }
     Ok(())
-}
-
-/// Feeds a JSON value in a canonical compact form (keys in the order given, strings
-/// unescaped) without building it as a string first.
-fn feed_json(value: &Value, hasher: &mut PromptHasher) {
-    use std::io::Write as _;
-    if let Some(text) = value.as_str() {
-        hasher.feed(b"\"");
-        hasher.feed(text.as_bytes());
-        hasher.feed(b"\"");
-    } else if let Some(items) = value.as_array() {
-        hasher.feed(b"[");
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                hasher.feed(b",");
-            }
-            feed_json(item, hasher);
-        }
-        hasher.feed(b"]");
-    } else if let Some(map) = value.as_object() {
-        hasher.feed(b"{");
-        for (i, (k, v)) in map.iter().enumerate() {
-            if i > 0 {
-                hasher.feed(b",");
-            }
-            hasher.feed(b"\"");
-            hasher.feed(k.as_bytes());
-            hasher.feed(b"\":");
-            feed_json(v, hasher);
-        }
-        hasher.feed(b"}");
-    } else {
-        // A number, boolean or null, written without allocating.
-        let mut buf = [0u8; 40];
-        let mut cursor = std::io::Cursor::new(&mut buf[..]);
-        let _ = if let Some(u) = value.as_u64() {
-            write!(cursor, "{u}")
-        } else if let Some(i) = value.as_i64() {
-            write!(cursor, "{i}")
-        } else if let Some(f) = value.as_f64() {
-            write!(cursor, "{f}")
-        } else if let Some(b) = value.as_bool() {
-            write!(cursor, "{b}")
-        } else {
-            write!(cursor, "null")
-        };
-        let n = cursor.position() as usize;
-        hasher.feed(&buf[..n]);
-    }
-}
-
-/// The hashable text of one content part: its text, or the URL or data of an
-/// image/audio part (so identical attachments hash alike).
-fn content_part_text(part: &Value) -> Option<&str> {
-    let kind = part.get("type")?.as_str()?;
-    match kind {
-        "text" => part.get("text")?.as_str(),
-        "image_url" => part.get("image_url")?.get("url")?.as_str().or(Some("")),
-        _ => Some(kind),
-    }
 }
 
 fn feed_prompt(value: &Value, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
