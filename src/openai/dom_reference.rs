@@ -1,9 +1,10 @@
-//! The DOM-based body parser this module used before the lazy one (sonic-rs `Value`),
-//! kept as the reference the one-pass parser must agree with (the leaf helpers
-//! `feed_json` and `content_part_text`, unchanged by it, are shared): same facts, same
+//! The DOM-based body parser this module used before the one-pass one (sonic-rs `Value`),
+//! kept as the reference the one-pass parser must agree with (the helpers it
+//! did not change, `feed_json`, `content_part_text`, `feed_prompt` and
+//! `optional_count`, are shared): same facts, same
 //! errors (kind and param), same canonical prompt stream (block hashes).
 
-use super::{content_part_text, feed_json};
+use super::{content_part_text, feed_json, feed_prompt, optional_count};
 use super::{Endpoint, ErrorKind, GatewayError, ModelTable, RequestFacts};
 use radixgate_orchestrator::PromptHasher;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
@@ -54,8 +55,10 @@ impl DomBodyParser {
                 GatewayError::invalid_param("stream", "`stream` must be a boolean")
             })?,
         };
-        let max_tokens = optional_count(&value, "max_tokens")?
-            .or(optional_count(&value, "max_completion_tokens")?);
+        let max_tokens = optional_count(value.get("max_tokens"), "max_tokens")?.or(optional_count(
+            value.get("max_completion_tokens"),
+            "max_completion_tokens",
+        )?);
         if let Some(user) = value.get("user") {
             if !user.is_null() && user.as_str().is_none() {
                 return Err(GatewayError::invalid_param(
@@ -81,7 +84,7 @@ impl DomBodyParser {
         hasher.reset(models.seeds[model] ^ seed_mix ^ salt_seed);
         match endpoint {
             Endpoint::ChatCompletions => feed_messages(&value, hasher)?,
-            Endpoint::Completions => feed_prompt(&value, hasher)?,
+            Endpoint::Completions => feed_prompt(value.get("prompt"), hasher)?,
         }
         Ok(RequestFacts {
             model,
@@ -91,16 +94,6 @@ impl DomBodyParser {
             has_cache_salt: salt.is_some(),
             affinity_key: hasher.affinity_key(),
         })
-    }
-}
-
-fn optional_count(value: &Value, key: &'static str) -> Result<Option<u64>, GatewayError> {
-    match value.get(key) {
-        None => Ok(None),
-        Some(v) if v.is_null() => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            GatewayError::invalid_param(key, format!("`{key}` must be a non-negative integer"))
-        }),
     }
 }
 
@@ -181,49 +174,6 @@ fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<(), Gateway
         if let Some(id) = m.get("tool_call_id").and_then(|c| c.as_str()) {
             hasher.feed_content_part(id);
         }
-    }
-    Ok(())
-}
-
-fn feed_prompt(value: &Value, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
-    let prompt = value
-        .get("prompt")
-        .ok_or_else(|| GatewayError::invalid_param("prompt", "`prompt` is required"))?;
-    let bad = || {
-        GatewayError::invalid_param(
-            "prompt",
-            "`prompt` must be a string, an array of strings, or an array of token ids",
-        )
-    };
-    if let Some(text) = prompt.as_str() {
-        hasher.feed_prompt(text);
-        return Ok(());
-    }
-    let items = prompt.as_array().ok_or_else(bad)?;
-    if items.is_empty() {
-        return Err(bad());
-    }
-    // Batched prompts and token-id prompts: hash the first prompt's content.
-    match &items[0] {
-        v if v.as_str().is_some() => {
-            if !items.iter().all(|i| i.as_str().is_some()) {
-                return Err(bad());
-            }
-            hasher.feed_prompt(v.as_str().unwrap_or(""));
-        }
-        v if v.as_u64().is_some() => {
-            hasher.feed_prompt("");
-            for t in items {
-                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
-            }
-        }
-        v if v.as_array().is_some() => {
-            hasher.feed_prompt("");
-            for t in v.as_array().into_iter().flatten() {
-                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
-            }
-        }
-        _ => return Err(bad()),
     }
     Ok(())
 }
