@@ -73,20 +73,34 @@ impl InFlight {
 
     /// Called only by `shard` itself (single writer per slot).
     pub fn increment(&self, shard: usize, backend: usize) {
-        let c = &self.rows[shard][backend].0;
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.add(shard, backend, 1);
     }
 
     /// Called only by `shard` itself (single writer per slot).
     pub fn decrement(&self, shard: usize, backend: usize) {
+        self.sub(shard, backend, 1);
+    }
+
+    /// Called only by `shard` itself (single writer per slot).
+    pub fn add(&self, shard: usize, backend: usize, n: u32) {
         let c = &self.rows[shard][backend].0;
         c.store(
-            c.load(Ordering::Relaxed).saturating_sub(1),
+            c.load(Ordering::Relaxed).saturating_add(n),
             Ordering::Relaxed,
         );
     }
 
-    /// In-flight requests to `backend` across all shards.
+    /// Called only by `shard` itself (single writer per slot).
+    pub fn sub(&self, shard: usize, backend: usize, n: u32) {
+        let c = &self.rows[shard][backend].0;
+        c.store(
+            c.load(Ordering::Relaxed).saturating_sub(n),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The count for `backend` summed over all shards (in-flight requests, or pending
+    /// prefill tokens, depending on what the instance counts).
     pub fn total(&self, backend: usize) -> u32 {
         self.rows
             .iter()
@@ -101,22 +115,31 @@ pub struct InFlightGuard<'a> {
     counters: &'a InFlight,
     shard: usize,
     backend: usize,
+    amount: u32,
 }
 
 impl<'a> InFlightGuard<'a> {
+    /// Counts one request.
     pub fn enter(counters: &'a InFlight, shard: usize, backend: usize) -> Self {
-        counters.increment(shard, backend);
+        Self::add(counters, shard, backend, 1)
+    }
+
+    /// Counts `amount` (a request's predicted uncached prompt tokens, for the pending
+    /// prefill counters) until dropped.
+    pub fn add(counters: &'a InFlight, shard: usize, backend: usize, amount: u32) -> Self {
+        counters.add(shard, backend, amount);
         Self {
             counters,
             shard,
             backend,
+            amount,
         }
     }
 }
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        self.counters.decrement(self.shard, self.backend);
+        self.counters.sub(self.shard, self.backend, self.amount);
     }
 }
 
@@ -134,5 +157,11 @@ mod tests {
             assert_eq!(f.total(0), 0);
         }
         assert_eq!(f.total(1), 0);
+        {
+            let _a = InFlightGuard::add(&f, 0, 2, 300);
+            let _b = InFlightGuard::add(&f, 1, 2, 45);
+            assert_eq!(f.total(2), 345);
+        }
+        assert_eq!(f.total(2), 0);
     }
 }

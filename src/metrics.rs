@@ -193,6 +193,8 @@ pub struct Gauges<'a> {
     pub models: &'a [String],
     /// Current in-flight count per backend.
     pub in_flight: &'a [u32],
+    /// Predicted uncached prompt tokens of in-flight requests without a first byte.
+    pub pending_prefill_tokens: &'a [u32],
     /// Index events the coordinator has sent each shard.
     pub replica_sent: &'a [u64],
     /// Blocks in the coordinator's authoritative index.
@@ -351,6 +353,19 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             out,
             "radixgate_backend_in_flight{{backend=\"{id}\"}} {}",
             g.in_flight[i]
+        );
+    }
+    header(
+        &mut out,
+        "radixgate_backend_pending_prefill_tokens",
+        "gauge",
+        "Predicted uncached prompt tokens of the requests in flight to each backend that have no first byte yet: the prefill queued there on the gateway's account.",
+    );
+    for (i, id) in g.live_ids() {
+        let _ = writeln!(
+            out,
+            "radixgate_backend_pending_prefill_tokens{{backend=\"{id}\"}} {}",
+            g.pending_prefill_tokens[i]
         );
     }
     let per_backend: [(&str, &str, &Vec<u64>); 5] = [
@@ -610,6 +625,7 @@ mod tests {
                 live: &[true],
                 models: &["sim".into()],
                 in_flight: &[4],
+                pending_prefill_tokens: &[96],
                 replica_sent: &[0, 0],
                 index_blocks: 0,
                 coordinator_received: 0,
@@ -628,5 +644,6 @@ mod tests {
         assert!(text.contains("radixgate_ttft_seconds_bucket{model=\"sim\",le=\"0.005\"} 1"));
         assert!(text.contains("radixgate_ttft_seconds_count{model=\"sim\"} 2"));
         assert!(text.contains("radixgate_backend_in_flight{backend=\"b0\"} 4"));
+        assert!(text.contains("radixgate_backend_pending_prefill_tokens{backend=\"b0\"} 96"));
     }
 }

@@ -407,6 +407,9 @@ async fn scrape(shard: &Shard) -> String {
     let in_flight: Vec<u32> = (0..table.len())
         .map(|b| shared.in_flight.total(b))
         .collect();
+    let pending_prefill_tokens: Vec<u32> = (0..table.len())
+        .map(|b| shared.pending_prefill_tokens.total(b))
+        .collect();
     let tenant_tiers: Vec<String> = shared.tenants.iter().map(|t| t.tier.clone()).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
@@ -425,6 +428,7 @@ async fn scrape(shard: &Shard) -> String {
             live: &live,
             models: table.models().names(),
             in_flight: &in_flight,
+            pending_prefill_tokens: &pending_prefill_tokens,
             replica_sent: &replica_sent,
             index_blocks: shared
                 .index_blocks

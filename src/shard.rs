@@ -41,6 +41,10 @@ pub struct Shared {
     pub config: Config,
     /// Per shard and backend slot, sized for [`MAX_BACKEND_SLOTS`].
     pub in_flight: InFlight,
+    /// Predicted uncached prompt tokens of the requests in flight that have no first
+    /// response byte yet: the prefill work queued at each engine on the gateway's
+    /// account (`prefix_aware`'s and SLO admission's queue estimate). Same layout.
+    pub pending_prefill_tokens: InFlight,
     pub shard_commands: Vec<flume::Sender<ShardCommand>>,
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
@@ -108,6 +112,7 @@ impl Shared {
             index_blocks: AtomicU64::new(0),
             epoch: Instant::now(),
             in_flight: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
+            pending_prefill_tokens: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
             shard_commands,
             config,
         }

@@ -208,3 +208,103 @@ fn engine_metrics_are_scraped(io: &str) {
     );
 }
 both_drivers!(engine_metrics_are_scraped);
+
+/// A chat body whose prompt is `n` distinct words (about 4 bytes of prompt each).
+fn cold_prompt(tag: &str, n: usize, max_tokens: u32, stream: bool) -> String {
+    let text: String = (0..n).map(|i| format!("{tag}{i} ")).collect();
+    format!(
+        r#"{{"model":"sim","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    )
+}
+
+fn pending_prefill(m: &str, backend: &str) -> f64 {
+    metric(
+        m,
+        &format!("radixgate_backend_pending_prefill_tokens{{backend=\"{backend}\"}}"),
+    )
+    .unwrap_or(-1.0)
+}
+
+/// `prefix_aware` counts the prefill queued on each backend, not just its requests:
+/// with one request in flight on each of two backends — one decoding a long answer,
+/// one still prefilling a long cold prompt — new cold prompts go to the first. A
+/// count alone calls the two equal and splits them by seed.
+fn queued_prefill_work_steers_cold_prompts(io: &str) {
+    let slow = |decode_ms| EngineConfig {
+        prefill_per_token: Duration::from_millis(1),
+        decode_per_token: Duration::from_millis(decode_ms),
+        ..EngineConfig::new("sim")
+    };
+    let engines = [start_engine(io, slow(30)), start_engine(io, slow(30))];
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let gw = start_gateway(
+        io,
+        1,
+        "[routing]\npolicy = \"prefix_aware\"",
+        &[
+            ("e0", urls[0].clone(), "sim"),
+            ("e1", urls[1].clone(), "sim"),
+        ],
+    );
+    let addr = gw.local_addr();
+
+    // A short prompt with a long streamed answer: in flight for seconds, prefill done.
+    let mut decoding = Client::connect(addr);
+    decoding.send(&post_bytes(
+        "/v1/chat/completions",
+        &cold_prompt("d", 4, 150, true),
+        &[],
+    ));
+    let (status, headers) = decoding.read_head();
+    assert_eq!(status, 200);
+    let decoder = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-router-backend"))
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let other = if decoder == "e0" { "e1" } else { "e0" };
+    assert!(eventually(Duration::from_secs(5), || {
+        pending_prefill(&Client::connect(addr).get("/metrics").text(), &decoder) == 0.0
+    }));
+
+    // A long cold prompt (about 1000 tokens, 1 s of prefill) goes to the idle backend.
+    let prefilling = std::thread::spawn(move || {
+        Client::connect(addr).post(
+            "/v1/chat/completions",
+            &cold_prompt("long", 1000, 2, false),
+            &[],
+        )
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            pending_prefill(&Client::connect(addr).get("/metrics").text(), other) > 500.0
+        }),
+        "the long prompt's prefill is counted on {other}"
+    );
+
+    // One request in flight on each; new cold prompts all go where no prefill waits.
+    for i in 0..8 {
+        let r = Client::connect(addr).post(
+            "/v1/chat/completions",
+            &cold_prompt(&format!("q{i}x"), 6, 1, false),
+            &[],
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-router-reason"), Some("no-match"));
+        assert_eq!(
+            r.header("x-router-backend"),
+            Some(decoder.as_str()),
+            "request {i}"
+        );
+    }
+
+    let long = prefilling.join().unwrap();
+    assert_eq!(long.status, 200);
+    assert_eq!(long.header("x-router-backend"), Some(other));
+    drop(decoding);
+    // Nothing is left pending once the first bytes have come back.
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(pending_prefill(&m, "e0"), 0.0, "{m}");
+    assert_eq!(pending_prefill(&m, "e1"), 0.0, "{m}");
+}
+both_drivers!(queued_prefill_work_steers_cold_prompts);

@@ -116,7 +116,7 @@ impl PrefixAware {
         for c in input.candidates {
             let est = self.est_ttft_ns(c, input.prompt_blocks);
             all = all.min(est);
-            if !self.is_saturated(c) {
+            if !self.is_full(c) {
                 open = open.min(est);
             }
         }
@@ -162,14 +162,20 @@ mod tests {
             matched_blocks: 10,
             ..Candidate::new(1, 1)
         };
-        // 10 blocks × 16 tokens × 20 µs = 3.2 ms cold; warm: one request ahead = 2 ms.
+        // 10 blocks × 16 tokens × 20 µs = 3.2 ms cold; warm: one request ahead = 2.5 ms.
         let e = estimate(&[cold, warm], 10);
-        assert_eq!(e.best_ns, 2e6);
+        assert_eq!(e.best_ns, 2.5e6);
+        // The warm one's queue holds 100 tokens still to prefill (2 ms): now cold wins.
+        let queued = Candidate {
+            pending_prefill_tokens: 100,
+            ..warm
+        };
+        assert_eq!(estimate(&[cold, queued], 10).best_ns, 3.2e6);
         assert!(!e.all_saturated);
         let full = Candidate::new(2, 4);
         let e = estimate(&[full], 0);
         assert!(e.all_saturated);
-        assert_eq!(e.best_ns, 8e6);
+        assert_eq!(e.best_ns, 10e6);
         assert!(estimate(&[], 3).best_ns.is_infinite());
     }
 

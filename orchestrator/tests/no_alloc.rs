@@ -27,7 +27,8 @@ fn picks_do_not_allocate() {
         .collect();
     // What `prefix_aware` looks at: matches, engine queues (some saturated), learned
     // prefill costs; then the same with a session home, with one-block matches only,
-    // and with every backend saturated, so each of its branches runs below.
+    // and with every holder of the longest match saturated, so each of its branches
+    // runs below.
     let rich: Vec<Candidate> = (0..70)
         .map(|backend| Candidate {
             matched_blocks: ((7 - backend % 7) * 6) as u32,
@@ -61,9 +62,13 @@ fn picks_do_not_allocate() {
             ..c
         })
         .collect();
+    // Every holder of the longest match full and far above the fleet's mean load.
     let saturated: Vec<Candidate> = rich
         .iter()
-        .map(|&c| Candidate { in_flight: 80, ..c })
+        .map(|&c| Candidate {
+            in_flight: if c.backend % 7 == 0 { 100 } else { c.in_flight },
+            ..c
+        })
         .collect();
     let sets = [&plain, &rich, &session, &short, &saturated];
     let mut rng = fastrand::Rng::with_seed(3);

@@ -10,6 +10,7 @@
 
 use super::route::Route;
 use crate::error::{ErrorKind, GatewayError};
+use crate::fleet::InFlightGuard;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::io::read_append;
 use crate::http::response::{parse_response_head, ResponseHead};
@@ -125,11 +126,20 @@ pub(super) struct Exchange<'s> {
     pub backend: usize,
     pub started: Instant,
     pub first_byte: Option<Instant>,
+    /// The attempt's predicted prefill in the backend's pending-prefill count, released
+    /// at the first response byte (or when the attempt ends without one).
+    pub pending_prefill: Option<InFlightGuard<'s>>,
     pub usage: UsageScanner,
     pub status: u16,
 }
 
 impl Exchange<'_> {
+    /// The engine has answered: its prefill for this request is done.
+    fn got_first_byte(&mut self) {
+        self.first_byte = Some(Instant::now());
+        self.pending_prefill = None;
+    }
+
     /// Runs the attempt. With `may_retry`, a 5xx is not passed on but returned as
     /// [`Failure::Retryable`] (nothing has reached the client yet).
     #[allow(clippy::too_many_arguments)]
@@ -184,7 +194,7 @@ impl Exchange<'_> {
             .map_err(|_| UPSTREAM_BROKE)?;
         let mut reusable = used == leftover.len();
         if used > 0 || tracker.done() {
-            self.first_byte = Some(Instant::now());
+            self.got_first_byte();
         }
         out.extend_from_slice(&leftover[..used]);
         let (r, out) = client.write_all(out).await;
@@ -217,7 +227,7 @@ impl Exchange<'_> {
                 }
             }
             if self.first_byte.is_none() {
-                self.first_byte = Some(Instant::now());
+                self.got_first_byte();
             }
             let used = tracker
                 .advance(&buf, &mut self.usage)

@@ -420,6 +420,12 @@ async fn attempt_all(
             backend,
             started,
             first_byte: None,
+            pending_prefill: Some(InFlightGuard::add(
+                &shared.pending_prefill_tokens,
+                shard.id,
+                backend,
+                route.uncached_tokens,
+            )),
             usage: UsageScanner::default(),
             status: 0,
         };

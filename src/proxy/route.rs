@@ -34,6 +34,9 @@ pub(super) struct Route {
     pub matched_blocks: u32,
     /// In-flight requests on the chosen backend before this one.
     pub in_flight_before: u32,
+    /// Prompt tokens the pick is expected to prefill (its unmatched blocks), counted
+    /// in its pending prefill until the first response byte.
+    pub uncached_tokens: u32,
     /// The pick is half-open: this attempt is one of the shard's bounded probes.
     pub probe: bool,
     /// Other candidates a retry could go to.
@@ -118,6 +121,7 @@ pub(super) fn fill_candidates(
                 in_flight: shared.in_flight.total(b),
                 matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
                 engine_waiting: fleet.engine_waiting(b),
+                pending_prefill_tokens: shared.pending_prefill_tokens.total(b),
                 prefill_ns_per_token: prefill_ns[b],
                 session_home: session_home == Some(b),
             });
@@ -202,10 +206,13 @@ pub(super) fn route(
             },
         );
     }
+    let tokens_per_block = live.config.routing.prefix_aware.tokens_per_block.max(0.0);
+    let uncached_blocks = blocks.len().saturating_sub(chosen.matched_blocks as usize);
     Ok(Route {
         pick,
         matched_blocks: chosen.matched_blocks,
         in_flight_before: chosen.in_flight,
+        uncached_tokens: (uncached_blocks as f64 * tokens_per_block).min(u32::MAX as f64) as u32,
         probe: fleet.breaker[pick.backend] == BreakerState::HalfOpen,
         alternatives: candidates.len() - 1,
         blocks: recorded,

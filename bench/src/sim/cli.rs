@@ -165,6 +165,11 @@ pub struct SimArgs {
     /// queued or in prefill).
     #[arg(long, value_enum, default_value_t = LoadSignalArg::InFlight)]
     pub load_signal: LoadSignalArg,
+    /// Do not tell the router each backend's pending prefill tokens (the predicted
+    /// uncached tokens of requests without a first token), which the gateway tracks:
+    /// the baseline for measuring what that signal is worth.
+    #[arg(long)]
+    pub no_pending_prefill: bool,
     /// How often the router scrapes each engine's waiting queue (passed to the policy
     /// as `engine_waiting`), ms; 0: never. The gateway's default is 1000.
     #[arg(long, default_value_t = 1000)]
@@ -252,6 +257,7 @@ impl SimArgs {
                 LoadSignalArg::InFlight => LoadSignal::InFlight,
                 LoadSignalArg::AwaitingFirstToken => LoadSignal::AwaitingFirstToken,
             },
+            pending_prefill: !self.no_pending_prefill,
             policy,
             seed: self.seed,
         }

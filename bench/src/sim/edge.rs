@@ -71,7 +71,7 @@ pub struct SloRow {
     pub goodput: f64,
     pub plain_goodput: f64,
     /// Refused, though served at once it would have met its budget (the estimate
-    /// counts requests ahead at a mean prefill, not their actual remaining work).
+    /// charges the request in prefill its whole prompt, not what is left of it).
     pub wrongly_refused: f64,
 }
 
@@ -93,30 +93,39 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
     let model = PrefixAware::new(&PrefixAwareConfig {
         tokens_per_block: 1.0,
         default_prefill_ns_per_token: NS_PER_TOKEN as u32,
-        // A request ahead costs one mean prefill (FIFO, one at a time).
-        queue_ns_per_request: mean_prefill_ns as u64,
+        // Decode is not modelled: a request ahead costs only its prefill, which the
+        // pending prefill tokens carry.
+        queue_ns_per_request: 0,
         ..PrefixAwareConfig::default()
     });
     let run = |admission: bool| {
-        // Per backend: the first-token times of the requests it holds (FIFO).
-        let mut queues: Vec<std::collections::VecDeque<u64>> = vec![Default::default(); backends];
+        // Per backend, FIFO: (first-token time, prompt tokens) of the requests it
+        // holds that have no first token yet, as the gateway counts them.
+        let mut queues: Vec<std::collections::VecDeque<(u64, u64)>> =
+            vec![Default::default(); backends];
         let (mut admitted, mut met, mut wrongly_refused) = (0usize, 0usize, 0usize);
         let mut candidates = Vec::with_capacity(backends);
         for &(now, tokens) in &jobs {
             candidates.clear();
             for (b, q) in queues.iter_mut().enumerate() {
-                while q.front().is_some_and(|&done| done <= now) {
+                while q.front().is_some_and(|&(done, _)| done <= now) {
                     q.pop_front();
                 }
-                candidates.push(Candidate::new(b, q.len() as u32));
+                candidates.push(Candidate {
+                    pending_prefill_tokens: q.iter().map(|&(_, t)| t as u32).sum(),
+                    ..Candidate::new(b, q.len() as u32)
+                });
             }
             let input = RouteInput {
                 candidates: &candidates,
                 affinity_key: None,
                 prompt_blocks: tokens as u32,
             };
-            let b = (0..backends).min_by_key(|&b| queues[b].len()).unwrap_or(0);
-            let start = queues[b].back().copied().unwrap_or(now).max(now);
+            // Where prefix_aware sends a prompt nobody holds: the shortest queue in time.
+            let b = (0..backends)
+                .min_by_key(|&b| model.queue_ns(&candidates[b]) as u64)
+                .unwrap_or(0);
+            let start = queues[b].back().map_or(now, |&(done, _)| done).max(now);
             let first_token = start + (tokens as f64 * NS_PER_TOKEN) as u64;
             let meets = (first_token - now) as f64 <= budget_ms * 1e6;
             if admission {
@@ -132,7 +141,7 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
                     continue;
                 }
             }
-            queues[b].push_back(first_token);
+            queues[b].push_back((first_token, tokens));
             admitted += 1;
             met += usize::from(meets);
         }

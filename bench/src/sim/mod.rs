@@ -17,7 +17,9 @@
 //! the requests still waiting for their first token, [`LoadSignal`]); `engine_waiting`
 //! from a scrape of each engine's prefill queue every `scrape_ns` (the gateway scrapes
 //! `vllm:num_requests_waiting` every second by default), stale in between;
-//! `prefill_ns_per_token` 0, so the policy uses its configured default (the gateway
+//! `pending_prefill_tokens`, the uncached tokens the router predicted for each of the
+//! backend's requests that has no first token yet (the gateway counts the same until
+//! the first response byte); `prefill_ns_per_token` 0, so the policy uses its configured default (the gateway
 //! learns it; the sim's engines charge exactly the default); and, for sessions that
 //! carry an id, the backend the session's last turn went to (the gateway's session
 //! table, without its expiry).
@@ -69,6 +71,9 @@ pub struct SimConfig {
     pub session_ids: bool,
     /// What the router is told as each candidate's `in_flight`.
     pub load_signal: LoadSignal,
+    /// Tell the router each backend's pending prefill (the predicted uncached tokens
+    /// of its requests without a first token), as the gateway does.
+    pub pending_prefill: bool,
     /// Every this often the router learns each engine's waiting queue (requests not
     /// yet in prefill), passed as `engine_waiting` until the next scrape, as the
     /// gateway scrapes `vllm:num_requests_waiting`; 0: never (always 0).
@@ -91,6 +96,7 @@ impl Default for SimConfig {
             think_ns: 200_000_000,
             session_ids: true,
             load_signal: LoadSignal::InFlight,
+            pending_prefill: true,
             scrape_ns: 1_000_000_000,
             policy: PolicyConfig {
                 backend_ids: backend_ids(backends),
@@ -129,6 +135,9 @@ struct Issued {
     turn: usize,
     backend: usize,
     issued_ns: u64,
+    /// Uncached prompt tokens the router predicted, counted in the backend's pending
+    /// prefill until the first token.
+    predicted_uncached: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -178,6 +187,7 @@ pub fn run(
     let mut scratch = RouteScratch::default();
     let mut in_flight = vec![0u32; cfg.backends];
     let mut awaiting = vec![0u32; cfg.backends];
+    let mut pending_prefill = vec![0u32; cfg.backends];
     let mut session_home: HashMap<usize, usize> = HashMap::new();
     let tokens_per_block = cfg.tokens_per_block();
 
@@ -223,6 +233,11 @@ pub fn run(
             };
             let fleet = (0..cfg.backends).map(|b| Candidate {
                 engine_waiting: scraped_waiting[b],
+                pending_prefill_tokens: if cfg.pending_prefill {
+                    pending_prefill[b]
+                } else {
+                    0
+                },
                 ..Candidate::new(b, load[b])
             });
             let request = RouteRequest {
@@ -244,8 +259,13 @@ pub fn run(
             if cfg.session_ids && sessions[s].has_session_id {
                 session_home.insert(s, b);
             }
+            let predicted_uncached = prompt
+                .tokens()
+                .saturating_sub(u64::from(routed.matched_blocks) * tokens_per_block)
+                as u32;
             in_flight[b] += 1;
             awaiting[b] += 1;
+            pending_prefill[b] += predicted_uncached;
             outstanding += 1;
             result.record_route(b, routed.pick.reason, routed.matched_blocks);
             let ceiling = seen.matched(&prompt.blocks);
@@ -258,6 +278,7 @@ pub fn run(
                 turn: t,
                 backend: b,
                 issued_ns: now,
+                predicted_uncached,
             });
             let job = Job {
                 request: id,
@@ -291,6 +312,7 @@ pub fn run(
         match event {
             Event::PrefillDone { backend, request } => {
                 awaiting[backend] -= 1;
+                pending_prefill[backend] -= issued[request].predicted_uncached;
                 result.record_ttft(now - issued[request].issued_ns);
                 schedule(
                     &mut events,

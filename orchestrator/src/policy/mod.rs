@@ -39,6 +39,11 @@ pub struct Candidate {
     pub engine_waiting: u32,
     /// Learned prefill cost on this backend (0: use the policy's configured default).
     pub prefill_ns_per_token: u32,
+    /// Prompt tokens the gateway sent this backend that it expects the engine still has
+    /// to prefill: for each request without a first token yet, the uncached tokens the
+    /// prefix index predicted when it was routed (0 when not tracked). The prefill work
+    /// queued ahead of a new request.
+    pub pending_prefill_tokens: u32,
     /// The request's `X-Session-ID` is bound to this backend.
     pub session_home: bool,
 }

@@ -3,33 +3,44 @@
 //!
 //! The gateway looks the prompt's block hashes up in its prefix-index replica and
 //! passes, per candidate, the leading blocks that backend holds (`matched_blocks`), its
-//! fleet-wide in-flight count, the engine's scraped waiting queue, its learned prefill
-//! cost and whether the request's session is bound to it. Each candidate gets an
-//! estimated time to first token:
+//! fleet-wide in-flight count, the engine's scraped waiting queue, the prefill work it
+//! has sent there that has not produced a first token yet (`pending_prefill_tokens`),
+//! its learned prefill cost and whether the request's session is bound to it. Each
+//! candidate gets an estimated time to first token:
 //!
 //! ```text
-//! est_ttft_ns = queue_ns_per_request * (in_flight + engine_waiting)
+//! load        = max(in_flight, engine_waiting)
+//! est_ttft_ns = queue_ns_per_request * load
+//!             + prefill_ns_per_token * pending_prefill_tokens
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
 //! ```
 //!
-//! and the pick goes, in order:
+//! The second term is the queue as the engine sees it: what the requests ahead still
+//! have to prefill, so a backend whose queue holds cache hits is cheap and one whose
+//! queue holds cold documents is not, at equal counts. The first is what a request
+//! ahead costs beyond its prefill (decode steps sharing the batch).
+//!
+//! A backend is *saturated* when its load is at `saturation_inflight` or more and at
+//! least [`SATURATION_OVER_MEAN`] times the candidates' mean load. The pick goes, in
+//! order:
 //!
 //! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
-//! 2. when the longest match is shorter than `min_match_blocks`, to the least loaded
+//! 2. when the longest match is shorter than `min_match_blocks`, to the least loaded,
+//!    measured as the shortest queue in time (the first two terms above)
 //!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
 //! 3. otherwise to the unsaturated candidate with the longest match inside the tie band
 //!    (estimates within `hysteresis` of the best, plus [`TIE_FLOOR_NS`]), then the least
 //!    loaded, then a seeded random one: [`Reason::LongestPrefix`] when it holds the
 //!    longest match, [`Reason::SpilledFromSaturated`] when every holder of the longest
 //!    match is saturated, [`Reason::FallbackLeastLoaded`] when load beat affinity;
-//! 4. when every candidate is saturated, to the least loaded
-//!    ([`Reason::SpilledFromSaturated`]).
+//! 4. when every candidate is saturated, as in 3 among all of them: none has room,
+//!    so the estimate alone decides.
 //!
 //! This is how a hot prefix replicates: the gateway inserts the prompt's blocks for
 //! whichever backend it picks, so a spill target becomes a second holder, and later
 //! ties between holders go to the least loaded of them.
 //!
-//! "Least loaded" counts `in_flight + engine_waiting` throughout; ties among equals
+//! "Least loaded" counts `load` throughout; ties among equals
 //! are broken by the caller's seeded RNG (reservoir sampling, one pass, no scratch), so a
 //! pick allocates nothing and replays exactly under the same seed and candidate order.
 
@@ -43,6 +54,14 @@ use super::{Candidate, Pick, Reason, RouteInput, RoutingPolicy};
 /// cost, so one extra request ahead is never a tie on its own.
 pub const TIE_FLOOR_NS: f64 = 1_000_000.0;
 
+/// A full backend counts as saturated only while its load is at least this many times
+/// the candidates' mean. A fixed cap alone degenerates when the whole fleet is busy:
+/// with 192 requests in flight on 3 backends every backend hovers at the cap, the valve
+/// then decides every pick and prefix_aware becomes least-loaded (`radixgate-bench sim
+/// --sweep concurrency`: 44% hit rate at window 192, 94% with this rule). 1.25 still
+/// let hot spots through (92%); 2 was no better than 1.5.
+pub const SATURATION_OVER_MEAN: f64 = 1.5;
+
 /// The cost model and thresholds of `prefix_aware`.
 ///
 /// Defaults, and why (the lead tunes them with the simulator; they stay config):
@@ -51,26 +70,27 @@ pub const TIE_FLOOR_NS: f64 = 1_000_000.0;
 ///   of English text at ~4 bytes per token.
 /// - `default_prefill_ns_per_token = 20_000` (20 µs): what the simulated engine
 ///   charges; a block then costs 320 µs to prefill.
-/// - `queue_ns_per_request = 2_000_000` (2 ms): the exchange rate between load and
-///   affinity: about 6 matched blocks (100 tokens) are worth one request ahead. Most
-///   in-flight requests are decoding, not queued for prefill, so a request ahead costs
-///   far less than a cold prefill. A 6 KB document is 96 blocks × 16 tok × 20 µs ≈
-///   31 ms of prefill saved, so its holder keeps the document's requests while it has
-///   up to ~15 more in flight than a cold backend; then it spills, and the spill target
-///   becomes a second holder. Measured with `radixgate-bench sim` (docs workload, seeds
-///   1–5): 5 ms let ordinary load gaps swamp affinity (82% / 91% hit rate, uniform /
-///   Zipf), 2 ms gives 98% / 98% with load CoV ≤ 0.15; 1 ms reaches the hit-rate
-///   ceiling but Zipf load CoV climbs to 0.4 (a hot document piles up).
+/// - `queue_ns_per_request = 2_500_000` (2.5 ms): the exchange rate between load and
+///   affinity, on top of the queued prefill work, which is charged exactly: about 8
+///   matched blocks (125 tokens) are worth one request ahead. Most in-flight requests
+///   are decoding, not queued for prefill, so a request ahead costs far less than a
+///   cold prefill. A 6 KB document is 96 blocks × 16 tok × 20 µs ≈ 31 ms of prefill
+///   saved, so its holder keeps the document's requests while it has up to ~12 more in
+///   flight than a cold backend; then it spills, and the spill target becomes a second
+///   holder. Measured with `radixgate-bench sim` (docs and multiturn, seeds 1–4): 2 ms
+///   let a hot document pile up (Zipf load CoV up to 0.22) and placed new sessions
+///   5/3/4; 2.5 ms keeps load CoV ≤ 0.06 and sessions 4/4/4 in most seeds at 96–98%
+///   hit rate; 3 ms lets ordinary load gaps swamp affinity (93% uniform).
 /// - `min_match_blocks = 2`: a one-block match (a chat template's opening, shared
 ///   by every prompt) says nothing about where the rest lives; below two blocks the
 ///   policy is plain least-loaded.
-/// - `saturation_inflight = 64`: a hard cap on top of the estimate. The estimate
-///   alone would let a 32k-token document (≈ 640 ms of prefill) sit behind hundreds of
-///   queued requests, and it trusts counts that lag during a burst; no backend takes a
-///   new request at 64 outstanding while another has room, which bounds any hot spot.
-///   At 32 a 3-backend fleet with 96 requests in flight counted every backend as
-///   saturated and the policy degenerated to least-loaded (sim: 45% hit rate instead
-///   of 84%). Set it near the engine's batch size times two.
+/// - `saturation_inflight = 64`: a cap on top of the estimate. The estimate alone
+///   would let a 32k-token document (≈ 640 ms of prefill) sit behind hundreds of
+///   queued requests, and it trusts counts that lag during a burst; no backend at 64
+///   outstanding (and [`SATURATION_OVER_MEAN`] times the fleet's mean) takes a new
+///   request while another has room, which bounds any hot spot. Set it near the
+///   engine's batch size times two. Edge admission makes requests wait while every
+///   backend is at the cap.
 /// - `hysteresis = 0.1`: estimates within 10% (+ [`TIE_FLOOR_NS`]) of the best are a
 ///   tie, and ties go to the longest match, so small load jitter does not flap a
 ///   prefix between backends (each flap costs a full prefill and a cache copy). The
@@ -85,13 +105,14 @@ pub struct PrefixAwareConfig {
     pub tokens_per_block: f64,
     /// Prefill cost for candidates without a learned one, in ns per token.
     pub default_prefill_ns_per_token: u32,
-    /// Expected delay each request ahead adds (in flight + engine waiting), in ns.
+    /// Expected delay each request ahead adds beyond its prefill, in ns.
     pub queue_ns_per_request: u64,
     /// A longest match below this many blocks routes as least-loaded (at least 1 is
     /// used: a match of nothing is never affinity).
     pub min_match_blocks: u32,
-    /// A backend with `in_flight + engine_waiting` at or above this is saturated and
-    /// takes a request only when every candidate is (0 marks every backend saturated).
+    /// A backend with a load (`max(in_flight, engine_waiting)`) at or above this is
+    /// full, and saturated when also at [`SATURATION_OVER_MEAN`] times the mean: it
+    /// then takes a request only when every candidate is (0 marks every backend full).
     pub saturation_inflight: u32,
     /// Relative estimated-TTFT band treated as a tie (0.1: within 10% of the best).
     /// Negative, NaN or infinite values count as 0.
@@ -103,7 +124,7 @@ impl Default for PrefixAwareConfig {
         Self {
             tokens_per_block: 16.0,
             default_prefill_ns_per_token: 20_000,
-            queue_ns_per_request: 2_000_000,
+            queue_ns_per_request: 2_500_000,
             min_match_blocks: 2,
             saturation_inflight: 64,
             hysteresis: 0.1,
@@ -140,21 +161,41 @@ impl PrefixAware {
     /// The candidate's estimated time to first token for a prompt of `prompt_blocks`
     /// complete blocks, in ns (see the module docs for the formula).
     pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
-        let queue = self.queue_ns_per_request * load(candidate) as f64;
+        let queue = self.queue_ns(candidate);
         let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
         if missing == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
             return queue;
         }
-        let per_token = match candidate.prefill_ns_per_token {
-            0 => self.default_prefill_ns_per_token,
-            learned => learned,
-        };
-        queue + f64::from(per_token) * self.tokens_per_block * f64::from(missing)
+        queue + self.prefill_ns_per_token(candidate) * self.tokens_per_block * f64::from(missing)
     }
 
-    pub fn is_saturated(&self, candidate: &Candidate) -> bool {
+    /// The wait before this backend could start on a new request, in ns: the first two
+    /// terms of the estimate. This is what "least loaded" compares when the prompt's
+    /// match is too short to matter.
+    pub fn queue_ns(&self, candidate: &Candidate) -> f64 {
+        self.queue_ns_per_request * load(candidate) as f64
+            + self.prefill_ns_per_token(candidate) * f64::from(candidate.pending_prefill_tokens)
+    }
+
+    fn prefill_ns_per_token(&self, candidate: &Candidate) -> f64 {
+        f64::from(match candidate.prefill_ns_per_token {
+            0 => self.default_prefill_ns_per_token,
+            learned => learned,
+        })
+    }
+
+    /// The backend holds `saturation_inflight` or more requests: the engine is full.
+    /// Edge admission waits while every candidate is full.
+    pub fn is_full(&self, candidate: &Candidate) -> bool {
         load(candidate) >= self.saturation
+    }
+
+    /// The backend is full ([`Self::is_full`]) and also carries at least
+    /// [`SATURATION_OVER_MEAN`] times the candidates' mean load (`mean_load`, from
+    /// [`mean_load`]): it takes a request only when every candidate is saturated.
+    pub fn is_saturated(&self, candidate: &Candidate, mean_load: f64) -> bool {
+        self.is_full(candidate) && load(candidate) as f64 >= mean_load * SATURATION_OVER_MEAN
     }
 }
 
@@ -169,22 +210,29 @@ impl RoutingPolicy for PrefixAware {
             })
         };
 
+        let mean_load = mean_load(candidates);
+        let is_saturated = |c: &Candidate| self.is_saturated(c, mean_load);
         // 1. The session's home, unless saturated.
         let home = choose(candidates, rng, |c| {
-            (c.session_home && !self.is_saturated(c)).then(|| load(c))
+            (c.session_home && !is_saturated(c)).then(|| load(c))
         });
         if let Some(c) = home {
             return pick(c, Reason::SessionAffinity);
         }
 
-        // The longest match, whether an unsaturated backend holds it, and the best
-        // estimate among unsaturated backends.
+        // When every candidate is saturated, none has room and all compete as equals:
+        // the estimate still decides, so affinity survives a fleet-wide overload
+        // instead of degenerating into least-loaded.
+        let all_saturated = candidates.iter().all(is_saturated);
+        let has_room = |c: &Candidate| all_saturated || !is_saturated(c);
+
+        // The longest match, whether a backend with room holds it, and the best
+        // estimate among backends with room.
         let mut best = 0;
         let mut best_open = false;
         let mut min_est = f64::INFINITY;
-        let mut any_open = false;
         for c in candidates {
-            let open = !self.is_saturated(c);
+            let open = has_room(c);
             if c.matched_blocks > best {
                 best = c.matched_blocks;
                 best_open = open;
@@ -192,7 +240,6 @@ impl RoutingPolicy for PrefixAware {
                 best_open |= open;
             }
             if open {
-                any_open = true;
                 min_est = min_est.min(self.est_ttft_ns(c, prompt_blocks));
             }
         }
@@ -204,23 +251,19 @@ impl RoutingPolicy for PrefixAware {
             } else {
                 Reason::FallbackLeastLoaded
             };
-            return choose(candidates, rng, |c| Some(load(c))).and_then(|c| pick(c, reason));
-        }
-
-        // 4. Everyone saturated: least loaded overall. (Step 2 returned already, so the
-        // match was long enough to count, and the pick is a spill.)
-        if !any_open {
-            return choose(candidates, rng, |c| Some(load(c)))
-                .and_then(|c| pick(c, Reason::SpilledFromSaturated));
+            return choose(candidates, rng, |c| Some(self.queue_ns(c) as u64))
+                .and_then(|c| pick(c, reason));
         }
 
         // 3. The tie band: longest match first, then least loaded, then the RNG.
         let threshold = min_est * self.band + TIE_FLOOR_NS;
         let chosen = choose(candidates, rng, |c| {
-            (!self.is_saturated(c) && self.est_ttft_ns(c, prompt_blocks) <= threshold)
+            (has_room(c) && self.est_ttft_ns(c, prompt_blocks) <= threshold)
                 .then(|| (Reverse(c.matched_blocks), load(c)))
         })?;
-        let reason = if chosen.matched_blocks == best {
+        let reason = if all_saturated && chosen.matched_blocks < best {
+            Reason::SpilledFromSaturated
+        } else if chosen.matched_blocks == best {
             Reason::LongestPrefix
         } else if !best_open {
             Reason::SpilledFromSaturated
@@ -231,9 +274,17 @@ impl RoutingPolicy for PrefixAware {
     }
 }
 
-/// Requests ahead of a new one on this backend, as far as the gateway knows.
+/// The mean of [`load`] over `candidates` (0 for none).
+pub fn mean_load(candidates: &[Candidate]) -> f64 {
+    candidates.iter().map(load).sum::<u64>() as f64 / candidates.len().max(1) as f64
+}
+
+/// Requests ahead of a new one on this backend, as far as the gateway knows: its
+/// in-flight count, or the engine's scraped waiting queue when that is larger (other
+/// clients share the engine). Not their sum: when the gateway is the engine's only
+/// client, every waiting request is one of its own in-flight ones.
 fn load(c: &Candidate) -> u64 {
-    u64::from(c.in_flight) + u64::from(c.engine_waiting)
+    u64::from(c.in_flight.max(c.engine_waiting))
 }
 
 /// The candidate with the smallest key (`None` excludes it); equal keys are broken

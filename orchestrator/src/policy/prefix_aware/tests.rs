@@ -20,7 +20,7 @@ fn defaults() -> PrefixAware {
 }
 
 /// The configuration these tests were written against (5 ms per queued request,
-/// saturation at 32), pinned so that tuning the defaults does not move them.
+/// full at 32), pinned so that tuning the defaults does not move them.
 fn base() -> PrefixAwareConfig {
     PrefixAwareConfig {
         queue_ns_per_request: 5_000_000,
@@ -62,7 +62,7 @@ fn default_config() {
         PrefixAwareConfig {
             tokens_per_block: 16.0,
             default_prefill_ns_per_token: 20_000,
-            queue_ns_per_request: 2_000_000,
+            queue_ns_per_request: 2_500_000,
             min_match_blocks: 2,
             saturation_inflight: 64,
             hysteresis: 0.1,
@@ -75,15 +75,27 @@ fn est_ttft_formula() {
     let p = defaults();
     let mut x = Candidate {
         engine_waiting: 1,
-        ..c(0, 2, 10)
+        ..c(0, 3, 10)
     };
-    // 3 ahead × 5 ms + 20 missing blocks × 16 tok × 20 µs.
+    // max(3 in flight, 1 waiting) × 5 ms + 20 missing blocks × 16 tok × 20 µs.
     assert_eq!(p.est_ttft_ns(&x, 30), 15.0 * MS + 6.4 * MS);
     x.prefill_ns_per_token = 10_000;
     assert_eq!(p.est_ttft_ns(&x, 30), 15.0 * MS + 3.2 * MS);
     // Fully cached (or an index claiming more than the prompt): queueing only.
     assert_eq!(p.est_ttft_ns(&x, 10), 15.0 * MS);
     assert_eq!(p.est_ttft_ns(&x, 4), 15.0 * MS);
+    // The engine queue counts when it exceeds the gateway's own in-flight requests
+    // (other clients), and is not added on top of them.
+    let busy = Candidate {
+        engine_waiting: 7,
+        ..c(0, 3, 10)
+    };
+    assert_eq!(p.est_ttft_ns(&busy, 10), 35.0 * MS);
+    // Queued prefill work is charged at the backend's prefill cost: 500 tokens × 10 µs.
+    x.pending_prefill_tokens = 500;
+    assert_eq!(p.est_ttft_ns(&x, 10), 15.0 * MS + 5.0 * MS);
+    assert_eq!(p.est_ttft_ns(&x, 30), 15.0 * MS + 5.0 * MS + 3.2 * MS);
+    x.pending_prefill_tokens = 0;
 
     let odd = PrefixAware::new(&PrefixAwareConfig {
         tokens_per_block: f64::NAN,
@@ -99,15 +111,72 @@ fn est_ttft_formula() {
 }
 
 #[test]
-fn saturation_counts_the_engine_queue() {
+fn fullness_counts_the_engine_queue() {
     let p = defaults();
-    assert!(!p.is_saturated(&c(0, 31, 0)));
-    assert!(p.is_saturated(&c(0, 32, 0)));
+    assert!(!p.is_full(&c(0, 31, 0)));
+    assert!(p.is_full(&c(0, 32, 0)));
     let queued = Candidate {
+        engine_waiting: 40,
+        ..c(0, 20, 0)
+    };
+    assert!(p.is_full(&queued));
+    // Not the sum: 20 in flight and 12 waiting is 20 requests ahead.
+    let own_queue = Candidate {
         engine_waiting: 12,
         ..c(0, 20, 0)
     };
-    assert!(p.is_saturated(&queued));
+    assert!(!p.is_full(&own_queue));
+}
+
+#[test]
+fn saturation_is_relative_to_the_fleet() {
+    let p = defaults();
+    // Full, and 1.5× the mean or more: saturated.
+    assert!(p.is_saturated(&c(0, 40, 0), 20.0));
+    assert!(p.is_saturated(&c(0, 32, 0), 21.0));
+    // Full, but the whole fleet is as busy: still has room.
+    assert!(!p.is_saturated(&c(0, 40, 0), 36.0));
+    assert!(!p.is_saturated(&c(0, 32, 0), 22.0));
+    // Not full: never saturated, however far above the mean.
+    assert!(!p.is_saturated(&c(0, 31, 0), 1.0));
+    assert_eq!(mean_load(&[c(0, 30, 0), c(1, 10, 0), c(2, 2, 0)]), 14.0);
+    assert_eq!(mean_load(&[]), 0.0);
+}
+
+#[test]
+fn a_busy_fleet_keeps_its_affinity() {
+    let mut p = defaults();
+    // Every backend is past the cap, none at 1.5× the mean: the holder keeps the
+    // prompt instead of the pick degenerating into least-loaded.
+    let cands = [c(0, 70, 40), c(1, 66, 0), c(2, 64, 0)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(0, Reason::LongestPrefix));
+}
+
+#[test]
+fn queued_prefill_work_moves_a_cold_prompt() {
+    let mut p = defaults();
+    // Equal counts, but backend 0's queue holds 2000 tokens still to prefill (40 ms)
+    // and backend 1's holds cache hits: the cold prompt goes to 1.
+    let cands = [
+        Candidate {
+            pending_prefill_tokens: 2000,
+            ..c(0, 4, 0)
+        },
+        Candidate {
+            pending_prefill_tokens: 16,
+            ..c(1, 4, 0)
+        },
+    ];
+    let blocks = 10;
+    // Both hold 2 blocks so the match is long enough to use the estimate.
+    let cands = cands.map(|c| Candidate {
+        matched_blocks: 2,
+        ..c
+    });
+    assert_eq!(
+        pick(&mut p, &cands, blocks),
+        picked(1, Reason::LongestPrefix)
+    );
 }
 
 #[test]
@@ -214,7 +283,7 @@ fn a_saturated_holder_spills() {
     // Saturated by the engine's own queue.
     let queued = [
         Candidate {
-            engine_waiting: 30,
+            engine_waiting: 40,
             ..c(0, 2, 40)
         },
         c(1, 5, 0),
@@ -239,21 +308,42 @@ fn an_unsaturated_holder_takes_it_when_another_is_saturated() {
 }
 
 #[test]
-fn everyone_saturated_goes_to_the_least_loaded() {
+fn everyone_saturated_decides_by_the_estimate() {
     let mut p = defaults();
-    let cands = [c(0, 33, 40), c(1, 40, 0), c(2, 32, 0)];
+    // With a cap of 0 every backend is full, and on an idle fleet every one is at
+    // 1.5× the mean of 0: none has room, so all compete on the estimate.
+    let mut zero = PrefixAware::new(&PrefixAwareConfig {
+        saturation_inflight: 0,
+        ..base()
+    });
+    let cands = [c(0, 0, 40), c(1, 0, 0), c(2, 0, 0)];
     assert_eq!(
-        pick(&mut p, &cands, 50),
-        picked(2, Reason::SpilledFromSaturated)
+        pick(&mut zero, &cands, 50),
+        picked(0, Reason::LongestPrefix)
     );
+    // The holder's queued prefill (5000 tokens, 100 ms) outweighs its match: a
+    // shorter holder takes it, reported as a spill.
+    let cands = [
+        Candidate {
+            pending_prefill_tokens: 5000,
+            ..c(0, 0, 40)
+        },
+        c(1, 0, 30),
+        c(2, 0, 0),
+    ];
+    assert_eq!(
+        pick(&mut zero, &cands, 50),
+        picked(1, Reason::SpilledFromSaturated)
+    );
+    // Among equals, the least loaded by seed.
     assert_eq!(
         spread(
             &mut p,
-            &[c(0, 40, 40), c(1, 32, 0), c(2, 32, 3)],
+            &[c(0, 0, 0), c(1, 0, 0), c(2, 5, 0)],
             50,
-            Reason::SpilledFromSaturated
+            Reason::NoMatch
         ),
-        0b110
+        0b011
     );
 }
 
@@ -274,8 +364,8 @@ fn session_affinity_is_honoured_unless_saturated() {
     assert_eq!(pick(&mut p, &cands, 50), picked(0, Reason::NoMatch));
     // Saturated by the engine queue.
     let queued = Candidate {
-        engine_waiting: 4,
-        ..home(28)
+        engine_waiting: 40,
+        ..home(2)
     };
     assert_eq!(
         pick(&mut p, &[c(0, 0, 0), queued], 50),
