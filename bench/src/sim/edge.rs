@@ -224,7 +224,12 @@ mod tests {
     fn admission_keeps_attainment_under_overload() {
         let r = slo(1, 3, 1.5, 200.0);
         assert!(r.plain_attainment < 0.5, "{r:?}");
-        assert!(r.attainment > 0.85, "{r:?}");
+        // The estimate charges the queued prefill exactly (bar the request in
+        // prefill), so what it admits meets its budget...
+        assert!(r.attainment > 0.99, "{r:?}");
+        // ...and it refuses fewer that could have met it than a mean per request
+        // ahead did (19% of the offered at 1.5×).
+        assert!(r.wrongly_refused < 0.15, "{r:?}");
         assert!(r.goodput >= r.plain_goodput, "{r:?}");
         let calm = slo(1, 3, 0.5, 200.0);
         assert!(calm.admitted > 0.99, "{calm:?}");
