@@ -10,7 +10,11 @@
 //! ```text
 //! est_ttft_ns = queue_ns_per_request * (in_flight + engine_waiting)
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
+//!             + prefill_ns_per_token * uncached_media_tokens
 //! ```
+//!
+//! (`uncached_media_tokens`: the estimated tokens of the request's images and audio,
+//! charged to candidates whose match does not reach them, [`crate::media`].)
 //!
 //! and the pick goes, in order:
 //!
@@ -142,7 +146,7 @@ impl PrefixAware {
     pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
         let queue = self.queue_ns_per_request * load(candidate) as f64;
         let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
-        if missing == 0 {
+        if missing == 0 && candidate.uncached_media_tokens == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
             return queue;
         }
@@ -150,7 +154,10 @@ impl PrefixAware {
             0 => self.default_prefill_ns_per_token,
             learned => learned,
         };
-        queue + f64::from(per_token) * self.tokens_per_block * f64::from(missing)
+        queue
+            + f64::from(per_token)
+                * (self.tokens_per_block * f64::from(missing)
+                    + f64::from(candidate.uncached_media_tokens))
     }
 
     pub fn is_saturated(&self, candidate: &Candidate) -> bool {

@@ -38,6 +38,7 @@ fn reason_strings() {
             "fallback-least-loaded",
             "no-match",
             "session-affinity",
+            "chunk-affinity",
         ]
     );
 }
@@ -98,6 +99,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             engine_waiting: 0,
             prefill_ns_per_token: 0,
             session_home: false,
+            uncached_media_tokens: 0,
         }
     );
 }
