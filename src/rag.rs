@@ -6,8 +6,8 @@
 //! ([`radixgate_orchestrator::rag`]) and become one system message after the system
 //! text; the query becomes the user message. The request then routes like any chat
 //! request, plus chunk affinity on the chunk ids returned here. Bodies without the
-//! field pass through untouched (one substring scan; a body that merely mentions the
-//! name in its text costs one extra parse).
+//! field pass through untouched (one SIMD substring scan for the quoted name; a body
+//! whose text holds the quoted name costs one extra parse).
 
 use crate::error::{ErrorKind, GatewayError};
 use radixgate_orchestrator::rag::{canonical_chunks, render_context};
@@ -25,7 +25,7 @@ pub struct Normalised {
 /// `Ok(None)`: `body` has no `field` member (send it as it is). Errors name the
 /// offending `param` (`rag.chunks[2]`, ...). Malformed JSON is left to the body parser.
 pub fn normalise(body: &[u8], field: &str) -> Result<Option<Normalised>, GatewayError> {
-    if memchr::memmem::find(body, field.as_bytes()).is_none()
+    if !mentions_member(body, field)
         || crate::openai::nesting_exceeds(body, crate::openai::MAX_JSON_DEPTH)
     {
         return Ok(None);
@@ -98,6 +98,13 @@ pub fn normalise(body: &[u8], field: &str) -> Result<Option<Normalised>, Gateway
     }))
 }
 
+/// Whether `"field"` (quoted) occurs in `body`: the one check every chat body pays.
+/// Prose that merely contains the word (`storage`, `paragraph`) does not count.
+fn mentions_member(body: &[u8], field: &str) -> bool {
+    memchr::memmem::find_iter(body, field.as_bytes())
+        .any(|i| i > 0 && body[i - 1] == b'"' && body.get(i + field.len()) == Some(&b'"'))
+}
+
 fn message(role: &str, content: &str) -> Value {
     let mut m = sonic_rs::Object::with_capacity(2);
     m.insert(&"role", role);
@@ -130,6 +137,17 @@ mod tests {
         assert!(a[0]["content"].as_str().unwrap().starts_with("S\n\n"));
         let (only_query, _) = messages(r#"{"model":"m","rag":{"chunks":[],"query":"q"}}"#);
         assert_eq!(only_query.as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn only_the_quoted_name_costs_a_parse() {
+        assert!(mentions_member(br#"{"rag":{}}"#, "rag"));
+        assert!(!mentions_member(
+            br#"{"messages":"storage paragraph rag"}"#,
+            "rag"
+        ));
+        assert!(!mentions_member(br#"{"ragged":1}"#, "rag"));
+        assert!(!mentions_member(b"rag\"", "rag"));
     }
 
     #[test]

@@ -75,7 +75,12 @@ pub async fn serve(
     body: &[u8],
     request_id: &str,
 ) -> Result<bool, GatewayError> {
-    crate::proxy::authenticate(shard, head)?;
+    let tenant = crate::proxy::authenticate(shard, head)?;
+    // Under tenant prefix isolation a tenant's nodes hash and cache apart, as its
+    // own requests do.
+    let tenant_seed = tenant
+        .filter(|_| shard.shared.config.tenant_prefix_isolation)
+        .map(|t| shard.shared.tenants[t].seed);
     let (nodes, stream) = parse(body)?;
     let limits = shard.shared.config.workflows.limits;
     let specs: Vec<NodeSpec<'_>> = nodes
@@ -113,7 +118,16 @@ pub async fn serve(
         sink.write(out).await;
     }
     let started = Instant::now();
-    let outcomes = run(shard, &nodes, &plan, request_id, started, &mut sink).await;
+    let outcomes = run(
+        shard,
+        &nodes,
+        &plan,
+        request_id,
+        tenant_seed,
+        started,
+        &mut sink,
+    )
+    .await;
     let result = render_result(shard, &nodes, &outcomes, request_id, started);
     // Each node counted itself under its backend; the workflow counts once here.
     shard.metrics.borrow_mut().count_request(RequestKey {
@@ -181,6 +195,7 @@ async fn run(
     nodes: &[Node],
     plan: &Plan,
     request_id: &str,
+    tenant_seed: Option<u64>,
     started: Instant,
     sink: &mut Sink<'_>,
 ) -> Vec<Outcome> {
@@ -207,7 +222,9 @@ async fn run(
             let id = format!("{request_id}-{}", nodes[i].id);
             running.push((
                 i,
-                monoio::spawn(async move { call(&shard, endpoint, &body, &id, max_bytes).await }),
+                monoio::spawn(async move {
+                    call(&shard, endpoint, &body, &id, max_bytes, tenant_seed).await
+                }),
             ));
         }
         if running.is_empty() {

@@ -539,3 +539,45 @@ fn workflow_references_and_refusals(io: &str) {
     assert!(seen[1].head.contains("X-Request-Id: "), "{}", seen[1].head);
 }
 both_drivers!(workflow_references_and_refusals);
+
+/// Workflows take API keys; under tenant prefix isolation each tenant's nodes carry
+/// its `cache_salt`, as its chat requests do.
+fn workflows_are_authenticated_and_isolated_per_tenant(io: &str) {
+    let content = r#"{"choices":[{"index":0,"text":"done"}]}"#;
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{content}",
+        content.len()
+    );
+    let upstream = ScriptedUpstream::start(Script::Reply(vec![reply.into_bytes()]));
+    let toml = format!(
+        "[auth]\nrequired = true\n[tenancy]\nprefix_isolation = \"tenant\"\n[[tenants]]\nname = \"acme\"\nkeys = [\"{}\"]\n[[tenants]]\nname = \"globex\"\nkeys = [\"{}\"]\n",
+        radixgate::tenants::hash_key("sk-acme"),
+        radixgate::tenants::hash_key("sk-globex"),
+    );
+    let gw = start_gateway(io, 1, &toml, &[("up", upstream.url(), "sim")]);
+    let body = r#"{"nodes":[{"id":"a","model":"sim","prompt":"same prompt"}]}"#;
+    let anonymous = post_workflow(gw.local_addr(), body);
+    assert_eq!(anonymous.status, 401);
+    assert!(upstream.seen().is_empty());
+    for key in ["sk-acme", "sk-globex"] {
+        let r = Client::connect(gw.local_addr()).post(
+            "/v1/workflows",
+            body,
+            &[("Authorization", &format!("Bearer {key}"))],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["nodes"][0]["output"], "done");
+    }
+    let salts: Vec<String> = upstream
+        .seen()
+        .iter()
+        .map(|s| {
+            let v: serde_json::Value = serde_json::from_slice(&s.body).unwrap();
+            assert_eq!(v["prompt"], "same prompt");
+            v["cache_salt"].as_str().expect("cache_salt").to_string()
+        })
+        .collect();
+    assert_eq!(salts.len(), 2);
+    assert_ne!(salts[0], salts[1]);
+}
+both_drivers!(workflows_are_authenticated_and_isolated_per_tenant);

@@ -10,7 +10,7 @@
 
 use super::exchange::Exchange;
 use super::route::{route, ProbeGuard};
-use super::{parse_prompt, write_upstream_head_for};
+use super::{parse_prompt, with_cache_salt, write_upstream_head_for};
 use crate::error::GatewayError;
 use crate::fleet::InFlightGuard;
 use crate::observe::{Usage, UsageScanner};
@@ -42,20 +42,32 @@ pub struct CallFailed {
 }
 
 /// Routes `body` (a complete OpenAI request for `endpoint`) and runs it, reading the
-/// response (at most `max_bytes`) whole.
+/// response (at most `max_bytes`) whole. `tenant_seed`: under tenant prefix
+/// isolation, the tenant's seed, which salts the hash chain and the engine's cache
+/// (`cache_salt`) as for the tenant's own requests.
 pub async fn call(
     shard: &Rc<Shard>,
     endpoint: Endpoint,
     body: &[u8],
     request_id: &str,
     max_bytes: usize,
+    tenant_seed: Option<u64>,
 ) -> Result<Called, CallFailed> {
     let failed = |error| CallFailed {
         error,
         backend: None,
     };
     let started = Instant::now();
-    let (facts, _) = parse_prompt(shard, endpoint, body, 0).map_err(failed)?;
+    let (facts, _) =
+        parse_prompt(shard, endpoint, body, tenant_seed.unwrap_or(0)).map_err(failed)?;
+    let salted;
+    let body = match tenant_seed {
+        Some(seed) => {
+            salted = with_cache_salt(body, seed);
+            &salted[..]
+        }
+        None => body,
+    };
     let blocks: Arc<[u64]> = (*shard.prompt_blocks()).into();
     let policy = shard.fleet.borrow().live.config.routing.policy;
     let route = route(shard, &blocks, &facts, policy, None, &[], &[]).map_err(failed)?;
