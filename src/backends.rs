@@ -205,6 +205,7 @@ mod tests {
             cache_blocks: 1,
             upstream_auth: None,
             kv_events: None,
+            capabilities: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 
 use crate::chat_template::ChatTemplate;
 mod admission;
+mod workflows;
 
 pub use admission::{AdmissionConfig, TierConfig};
 use radixgate_orchestrator::PolicyName;
@@ -17,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
+pub use workflows::WorkflowsConfig;
 
 // === wire format ===
 
@@ -50,6 +52,8 @@ struct ConfigFile {
     tiers: std::collections::BTreeMap<String, admission::TierWire>,
     #[serde(default)]
     tenants: Vec<TenantWire>,
+    #[serde(default)]
+    workflows: workflows::WorkflowsWire,
     #[serde(default)]
     backends: Vec<BackendWire>,
 }
@@ -270,6 +274,14 @@ struct RoutingWire {
     max_sessions: usize,
     /// Knobs of the `prefix_aware` policy.
     prefix_aware: PrefixAwareWire,
+    /// Name of the structured RAG member of a chat body (`{"system", "chunks",
+    /// "query"}`), normalised into messages before routing (README, "RAG requests").
+    rag_field: String,
+    /// Chunk affinity (RAG requests under `prefix_aware`): one of the request's chunks
+    /// already sent to a backend is worth this many requests in flight there.
+    rag_chunk_weight: u32,
+    /// Bound on the chunk ids each shard's chunk index remembers.
+    rag_max_chunks: usize,
 }
 
 impl Default for RoutingWire {
@@ -289,6 +301,9 @@ impl Default for RoutingWire {
             session_ttl_ms: 30 * 60 * 1000,
             max_sessions: 100_000,
             prefix_aware: PrefixAwareWire::default(),
+            rag_field: "rag".into(),
+            rag_chunk_weight: 2,
+            rag_max_chunks: 1 << 18,
         }
     }
 }
@@ -400,6 +415,28 @@ struct BackendWire {
     /// gateway binds it and rebuilds this backend's index entries from the events.
     #[serde(default)]
     kv_events: Option<String>,
+    /// What the engine's model accepts: any of `text`, `image`, `audio`. Requests with
+    /// image or audio content parts go only to backends that list them.
+    #[serde(default = "default_capabilities")]
+    capabilities: Vec<String>,
+}
+
+/// Chat body members radixgate reads itself: `routing.rag_field` may not shadow them.
+const KNOWN_BODY_FIELDS: [&str; 10] = [
+    "model",
+    "messages",
+    "prompt",
+    "stream",
+    "max_tokens",
+    "max_completion_tokens",
+    "user",
+    "stream_options",
+    "cache_salt",
+    "tools",
+];
+
+fn default_capabilities() -> Vec<String> {
+    vec!["text".into()]
 }
 
 fn default_cache_blocks() -> usize {
@@ -482,6 +519,9 @@ pub struct RoutingConfig {
     pub session_ttl: Duration,
     pub max_sessions: usize,
     pub prefix_aware: radixgate_orchestrator::PrefixAwareConfig,
+    pub rag_field: String,
+    pub rag_chunk_weight: u32,
+    pub rag_max_chunks: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -514,6 +554,8 @@ pub struct BackendConfig {
     pub upstream_auth: Option<String>,
     /// The KV-event endpoint to bind (precise mode).
     pub kv_events: Option<String>,
+    /// Modalities the backend's model accepts (`backends[].capabilities`).
+    pub capabilities: radixgate_orchestrator::Capabilities,
 }
 
 #[derive(Debug, Clone)]
@@ -529,6 +571,7 @@ pub struct Config {
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
     pub admission: AdmissionConfig,
+    pub workflows: WorkflowsConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
     /// The file this config was loaded from (what a reload re-reads); `None` when it
@@ -653,6 +696,17 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
     if b.models.is_empty() {
         errors.push(format!("{at}.models: list at least one model"));
     }
+    let capabilities =
+        radixgate_orchestrator::Capabilities::parse(b.capabilities.iter().map(String::as_str))
+            .unwrap_or_else(|e| {
+                errors.push(format!("{at}.capabilities: {e}"));
+                Default::default()
+            });
+    if capabilities.is_empty() {
+        errors.push(format!(
+            "{at}.capabilities: list at least one of text, image, audio"
+        ));
+    }
     let (addr, host) = match parse_http_url(&b.url) {
         Ok(v) => v,
         Err(e) => {
@@ -667,6 +721,7 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
         models: b.models,
         cache_blocks: b.cache_blocks,
         kv_events: b.kv_events,
+        capabilities,
         upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
             Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
             Err(_) => {
@@ -854,6 +909,22 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         saturation_inflight: p.saturation_inflight,
         hysteresis: p.hysteresis,
     };
+    if r.rag_field.is_empty()
+        || !r
+            .rag_field
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        || KNOWN_BODY_FIELDS.contains(&r.rag_field.as_str())
+    {
+        errors.push(format!(
+            "routing.rag_field: `{}` must be a name of letters, digits and `_` that OpenAI \
+             bodies do not use",
+            r.rag_field
+        ));
+    }
+    if r.rag_max_chunks == 0 {
+        errors.push("routing.rag_max_chunks: must be at least 1".into());
+    }
     let routing = RoutingConfig {
         policy,
         allow_policy_header: r.allow_policy_header,
@@ -866,6 +937,9 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         session_ttl: millis(r.session_ttl_ms, "routing.session_ttl_ms", errors),
         max_sessions: r.max_sessions,
         prefix_aware,
+        rag_field: r.rag_field,
+        rag_chunk_weight: r.rag_chunk_weight,
+        rag_max_chunks: r.rag_max_chunks,
     };
 
     let u = wire.upstream;
@@ -966,6 +1040,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         }
     };
     let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
+    let workflows = workflows::validate(wire.workflows, errors);
     let mut tenants = Vec::with_capacity(wire.tenants.len());
     let mut seen_keys = std::collections::HashSet::new();
     for (i, t) in wire.tenants.into_iter().enumerate() {
@@ -1052,6 +1127,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
         admission,
+        workflows,
         tenants,
         backends,
         source: None,
@@ -1290,6 +1366,32 @@ mod tests {
         Config::from_toml(&format!(
             "[routing]\n{extra}\n[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n"
         ))
+    }
+
+    #[test]
+    fn capabilities_and_rag_keys_are_checked() {
+        let c = routing("").unwrap();
+        assert_eq!(
+            c.backends[0].capabilities,
+            radixgate_orchestrator::Capabilities::TEXT
+        );
+        assert_eq!(c.routing.rag_field, "rag");
+        let err = Config::from_toml(
+            "[routing]\nrag_field = \"messages\"\nrag_max_chunks = 0\n[[backends]]\nid = \"b0\"\n\
+             url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\ncapabilities = [\"text\", \"smell\"]\n\
+             [[backends]]\nid = \"b1\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n\
+             capabilities = []\n",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "routing.rag_field: `messages`",
+            "routing.rag_max_chunks",
+            "backends[0].capabilities: unknown capability `smell`",
+            "backends[1].capabilities: list at least one",
+        ] {
+            assert!(err.contains(needle), "missing {needle} in:\n{err}");
+        }
     }
 
     #[test]

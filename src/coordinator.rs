@@ -60,6 +60,7 @@ pub struct Coordinator {
     capacity: Vec<usize>,
     index: PrefixIndex,
     sessions: SessionTable,
+    chunks: radixgate_orchestrator::ChunkIndex,
 }
 
 impl Coordinator {
@@ -74,6 +75,7 @@ impl Coordinator {
             shared.config.routing.session_ttl.as_millis() as u64,
             shared.config.routing.max_sessions,
         );
+        let shared_rag_max_chunks = shared.config.routing.rag_max_chunks;
         let capacity = (0..n)
             .map(|b| live.backends.config(b).cache_blocks)
             .collect();
@@ -92,6 +94,7 @@ impl Coordinator {
             engine: vec![None; n],
             index,
             sessions,
+            chunks: radixgate_orchestrator::ChunkIndex::new(shared_rag_max_chunks),
         }
     }
 
@@ -171,7 +174,7 @@ impl Coordinator {
     }
 
     fn apply_and_fan_out(&mut self, event: IndexEvent) {
-        event.apply(&mut self.index, &mut self.sessions);
+        event.apply(&mut self.index, &mut self.sessions, &mut self.chunks);
         self.shared
             .index_blocks
             .store(self.index.total_blocks() as u64, Ordering::Relaxed);
@@ -272,6 +275,7 @@ impl Coordinator {
             "id": cfg.id,
             "url": format!("http://{}", cfg.host),
             "models": cfg.models,
+            "capabilities": cfg.capabilities.names().collect::<Vec<_>>(),
             "healthy": self.healthy[b],
             "breaker": self.breakers[b].state().as_str(),
             "in_flight": in_flight,

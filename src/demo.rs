@@ -1,5 +1,7 @@
 //! `radixgate demo`: the embedded default. Three simulated engines and the gateway
-//! in one process on loopback, ready for curl or any OpenAI client.
+//! in one process on loopback, ready for curl or any OpenAI client. `sim-0` declares
+//! the `image` and `audio` capabilities (the simulated engine takes any content
+//! part), so multimodal routing, RAG requests and `/v1/workflows` all work there.
 
 use crate::config::{Config, IoMode};
 use crate::engine_sim::{self, EngineConfig, EngineHandle};
@@ -23,8 +25,13 @@ pub fn demo_config(listen: SocketAddr, engines: &[SocketAddr], policy: &str) -> 
     );
     for (i, addr) in engines.iter().enumerate() {
         toml.push_str(&format!(
-            "\n[[backends]]\nid = \"sim-{i}\"\nurl = \"http://{addr}\"\nmodels = [\"{DEMO_MODEL}\"]\ncache_blocks = {}\n",
-            EngineConfig::new(DEMO_MODEL).cache_blocks
+            "\n[[backends]]\nid = \"sim-{i}\"\nurl = \"http://{addr}\"\nmodels = [\"{DEMO_MODEL}\"]\ncache_blocks = {}\ncapabilities = {}\n",
+            EngineConfig::new(DEMO_MODEL).cache_blocks,
+            if i == 0 {
+                r#"["text", "image", "audio"]"#
+            } else {
+                r#"["text"]"#
+            }
         ));
     }
     toml

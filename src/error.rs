@@ -46,6 +46,8 @@ pub enum ErrorKind {
     /// Admission or the connection cap: the gateway sheds load (fleet pressure, a
     /// full or timed-out edge queue, too many connections on the shard).
     Overloaded,
+    /// The request carries images or audio and no backend of its model takes them.
+    UnsupportedMedia,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +101,7 @@ impl GatewayError {
             ErrorKind::Overloaded => 503,
             ErrorKind::UriTooLong => 414,
             ErrorKind::RequestTimeout => 408,
+            ErrorKind::UnsupportedMedia => 415,
         }
     }
 
@@ -118,7 +121,8 @@ impl GatewayError {
             | ErrorKind::InvalidConfig
             | ErrorKind::SloUnattainable
             | ErrorKind::UriTooLong
-            | ErrorKind::RequestTimeout => Fault::Client,
+            | ErrorKind::RequestTimeout
+            | ErrorKind::UnsupportedMedia => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
@@ -175,6 +179,7 @@ impl GatewayError {
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::UriTooLong => "uri_too_long",
             ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::UnsupportedMedia => "unsupported_media",
         }
     }
 
@@ -252,6 +257,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         409 => "Conflict",
         408 => "Request Timeout",
         414 => "URI Too Long",
+        415 => "Unsupported Media Type",
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",

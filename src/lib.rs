@@ -29,6 +29,7 @@ pub mod open_conns;
 pub mod openai;
 pub mod pool;
 pub mod proxy;
+pub mod rag;
 pub mod reload;
 pub mod replica;
 pub mod runtime;
@@ -36,6 +37,7 @@ pub mod server;
 pub mod shard;
 pub mod tenants;
 pub mod token_mode;
+pub mod workflow;
 
 pub use config::Config;
 pub use gateway::Gateway;

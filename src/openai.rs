@@ -8,7 +8,8 @@
 //! Type errors name the offending `param`, as OpenAI does.
 
 use crate::error::{ErrorKind, GatewayError};
-use radixgate_orchestrator::{model_seed, PromptHasher};
+use radixgate_orchestrator::media::media_id;
+use radixgate_orchestrator::{model_seed, Capabilities, MediaNeeds, PromptHasher};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 use std::collections::HashMap;
 
@@ -29,6 +30,8 @@ pub struct RequestFacts {
     /// The body carried vLLM's `cache_salt` (already mixed into the hash seed).
     pub has_cache_salt: bool,
     pub affinity_key: Option<u64>,
+    /// The image and audio parts the prompt carries (routing needs capable backends).
+    pub media: MediaNeeds,
 }
 
 /// Model name → dense index, shared read-only by all shards.
@@ -179,10 +182,13 @@ impl BodyParser {
         };
         let salt_seed = salt.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
         hasher.reset(models.seeds[model] ^ seed_mix ^ salt_seed);
-        match endpoint {
+        let media = match endpoint {
             Endpoint::ChatCompletions => feed_messages(tools, messages, hasher)?,
-            Endpoint::Completions => feed_prompt(prompt, hasher)?,
-        }
+            Endpoint::Completions => {
+                feed_prompt(prompt, hasher)?;
+                MediaNeeds::TEXT_ONLY
+            }
+        };
         Ok(RequestFacts {
             model,
             stream,
@@ -190,6 +196,7 @@ impl BodyParser {
             include_usage,
             has_cache_salt: salt.is_some(),
             affinity_key: hasher.affinity_key(),
+            media,
         })
     }
 }
@@ -202,7 +209,7 @@ pub const MAX_JSON_DEPTH: usize = 128;
 /// Whether `body` nests arrays/objects deeper than `max`, outside strings. One pass:
 /// string contents (most of a prompt) are skipped with memchr, structure bytes are
 /// looked at one by one. Not a validator: sonic-rs rejects malformed JSON next.
-fn nesting_exceeds(body: &[u8], max: usize) -> bool {
+pub(crate) fn nesting_exceeds(body: &[u8], max: usize) -> bool {
     let mut depth = 0usize;
     let mut i = 0;
     while i < body.len() {
@@ -249,7 +256,8 @@ fn feed_messages(
     tools: Option<&Value>,
     messages: Option<&Value>,
     hasher: &mut PromptHasher,
-) -> Result<(), GatewayError> {
+) -> Result<MediaNeeds, GatewayError> {
+    let mut media = MediaNeeds::TEXT_ONLY;
     if let Some(tools) = tools {
         if !tools.is_null() {
             if tools.as_array().is_none() {
@@ -297,12 +305,12 @@ fn feed_messages(
                 } else if let Some(parts) = c.as_array() {
                     hasher.feed_message(role, name, "");
                     for (j, part) in parts.iter().enumerate() {
-                        hasher.feed_content_part(content_part_text(part).ok_or_else(|| {
+                        feed_part(part, hasher, &mut media).map_err(|message| {
                             GatewayError::invalid_param(
                                 format!("messages[{i}].content[{j}]"),
-                                "content parts must be objects with a `type`",
+                                message,
                             )
-                        })?);
+                        })?;
                     }
                 } else {
                     return Err(GatewayError::invalid_param(
@@ -328,7 +336,7 @@ fn feed_messages(
             hasher.feed_content_part(id);
         }
     }
-    Ok(())
+    Ok(media)
 }
 
 /// Feeds a JSON value in a canonical compact form (keys in the order given, strings
@@ -380,15 +388,53 @@ fn feed_json(value: &Value, hasher: &mut PromptHasher) {
     }
 }
 
-/// The hashable text of one content part: its text, or the URL or data of an
-/// image/audio part (so identical attachments hash alike).
-fn content_part_text(part: &Value) -> Option<&str> {
-    let kind = part.get("type")?.as_str()?;
-    match kind {
-        "text" => part.get("text")?.as_str(),
-        "image_url" => part.get("image_url")?.get("url")?.as_str().or(Some("")),
-        _ => Some(kind),
-    }
+/// Feeds one content part: a text part's text, an image or audio part as its stable
+/// media id (noted in `media`), any other part as its type. `Err`: why the part is
+/// unusable.
+fn feed_part(
+    part: &Value,
+    hasher: &mut PromptHasher,
+    media: &mut MediaNeeds,
+) -> Result<(), &'static str> {
+    const NO_TYPE: &str = "content parts must be objects with a `type`";
+    let kind = part.get("type").ok_or(NO_TYPE)?.as_str().ok_or(NO_TYPE)?;
+    let source = |outer: &str, inner: &str| {
+        part.get(outer)
+            .and_then(|o| o.get(inner))
+            .and_then(|v| v.as_str())
+    };
+    let (modality, tag, source) = match kind {
+        "text" => {
+            let text = part.get("text").and_then(|t| t.as_str());
+            hasher.feed_content_part(text.ok_or("a `text` part needs a string `text`")?);
+            return Ok(());
+        }
+        "image_url" => (
+            Capabilities::IMAGE,
+            b'i',
+            source("image_url", "url")
+                .ok_or("an `image_url` part needs a string `image_url.url`")?,
+        ),
+        "input_audio" => (
+            Capabilities::AUDIO,
+            b'a',
+            source("input_audio", "data")
+                .ok_or("an `input_audio` part needs a string `input_audio.data`")?,
+        ),
+        "audio_url" => (
+            Capabilities::AUDIO,
+            b'a',
+            source("audio_url", "url")
+                .ok_or("an `audio_url` part needs a string `audio_url.url`")?,
+        ),
+        other => {
+            hasher.feed_content_part(other);
+            return Ok(());
+        }
+    };
+    let block = hasher.feed_media_part(tag, media_id(source));
+    media.note(modality, block);
+    Ok(())
 }
 
 fn feed_prompt(prompt: Option<&Value>, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
@@ -629,6 +675,40 @@ mod tests {
         assert_eq!(a.affinity_key, b.affinity_key);
     }
 
+    #[test]
+    fn media_parts_are_noted_and_hashed_as_stable_ids() {
+        let body = |url: &str, text: &str| {
+            format!(
+                r#"{{"model":"sim","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"{url}"}}}},{{"type":"text","text":"{text}"}}]}}]}}"#,
+                "s".repeat(40)
+            )
+        };
+        let f = parse(Endpoint::ChatCompletions, &body("https://x/cat.png", "a")).unwrap();
+        assert_eq!(f.media.kinds, Capabilities::IMAGE);
+        assert_eq!((f.media.images, f.media.audio), (1, 0));
+        // 64-byte blocks: 55 bytes of system message and user header, then the
+        // 19-byte media id, which ends in block 1.
+        assert_eq!(f.media.first_block, 1);
+        let text_only = parse(Endpoint::ChatCompletions, &chat("x")).unwrap();
+        assert!(text_only.media.is_text_only());
+        let cat = blocks_of(&body("https://x/cat.png", "what is this animal"));
+        let same = blocks_of(&body("https://x/cat.png", "what is this animal"));
+        let dog = blocks_of(&body("https://x/dog.png", "what is this animal"));
+        assert_eq!(cat, same);
+        assert_ne!(cat.last(), dog.last());
+        let e = parse(
+            Endpoint::ChatCompletions,
+            r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":1}}]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0]"));
+        assert!(e.message.contains("image_url.url"), "{e}");
+    }
+
+    fn chat(text: &str) -> String {
+        format!(r#"{{"model":"sim","messages":[{{"role":"user","content":"{text}"}}]}}"#)
+    }
+
     /// The lazy parser against the DOM parser it replaced, on bodies that exercise
     /// every field, escapes, duplicate keys, odd numbers and malformed JSON: the same
     /// facts and block hashes, or the same error (kind, param and message).
@@ -654,6 +734,8 @@ mod tests {
             r#"{"model":"sim","tools":{},"messages":[{"role":"user","content":"x"}]}"#,
             r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"text","text":"a\u0000"},{"type":"image_url","image_url":{"url":"data:x"}},{"type":"image_url","image_url":{"url":3}},{"type":"input_audio","input_audio":{}}]}]}"#,
             r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklG","format":"wav"}},{"type":"audio_url","audio_url":{"url":"https://a/b.mp3"}},{"type":"image_url","image_url":{"url":"https://a/c.png","detail":"low"}}]}]}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"audio_url","audio_url":{"url":7}}]}]}"#,
             r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
             r#"{"model":"sim","messages":[{"role":"user","content":[{"type":"text"}]}]}"#,
             r#"{"model":"sim","messages":[{"role":"user","content":["x"]}]}"#,

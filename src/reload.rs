@@ -4,15 +4,17 @@
 //!
 //! What a reload changes, and what needs a restart:
 //!
-//! - applied: `[[backends]]` (diffed by id: added, removed, updated in place, or
-//!   replaced when `url` changed), `routing.policy`, `routing.allow_policy_header`,
+//! - applied: `[[backends]]` (diffed by id: added, removed, updated in place — a
+//!   changed `capabilities` list too — or replaced when `url` changed), `routing.policy`, `routing.allow_policy_header`,
 //!   `routing.hash_load_factor`, `routing.hash_virtual_nodes`,
-//!   `routing.prefix_aware.*`, `[upstream]`, `[health]`, `[retry]`, `[breaker]`;
+//!   `routing.prefix_aware.*`, `routing.rag_chunk_weight`, `[upstream]`, `[health]`,
+//!   `[retry]`, `[breaker]`;
 //! - restart only (reported under `restart_required` and left as running): every
 //!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`,
 //!   `routing.block_bytes`, `routing.hashing`, `routing.tokenizer`,
 //!   `routing.block_tokens`, `routing.bytes_per_token` (they change every block hash),
 //!   `routing.index_max_blocks`, `routing.session_ttl_ms`, `routing.max_sessions`,
+//!   `routing.rag_field`, `routing.rag_max_chunks`, `[workflows]`,
 //!   `[auth]`, `[tenancy]` and `[[tenants]]` (quota buckets and key tables are held
 //!   by requests in flight).
 //!
@@ -180,6 +182,26 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
         b1.half_open_probes,
     );
 
+    diff(
+        &mut changed,
+        "routing.rag_chunk_weight",
+        r0.rag_chunk_weight,
+        r1.rag_chunk_weight,
+    );
+    diff(
+        &mut restart,
+        "routing.rag_field",
+        &r0.rag_field,
+        &r1.rag_field,
+    );
+    diff(
+        &mut restart,
+        "routing.rag_max_chunks",
+        r0.rag_max_chunks,
+        r1.rag_max_chunks,
+    );
+    diff(&mut restart, "workflows", running.workflows, new.workflows);
+
     let (s0, s1) = (&running.server, &new.server);
     diff(&mut restart, "server.listen", s0.listen, s1.listen);
     diff(&mut restart, "server.shards", s0.shards, s1.shards);
@@ -308,6 +330,7 @@ pub fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
         && a.models == b.models
         && a.cache_blocks == b.cache_blocks
         && a.upstream_auth == b.upstream_auth
+        && a.capabilities == b.capabilities
 }
 
 /// Loads and validates `source` (the file the gateway started with) and has the

@@ -1,4 +1,5 @@
-//! Keeping every shard's prefix-index replica current, and session bindings with it.
+//! Keeping every shard's prefix-index replica current, and session bindings and RAG
+//! chunk holdings with it.
 //!
 //! A shard that routes a request applies the insert to its own replica at once and
 //! sends an [`IndexEvent`] to the coordinator over crossbeam. The coordinator applies
@@ -7,7 +8,7 @@
 //! consistent; the lag (events sent but not yet applied, and the age of each event
 //! when applied) is exported per shard.
 
-use radixgate_orchestrator::{BackendIdx, PrefixIndex};
+use radixgate_orchestrator::{BackendIdx, ChunkIndex, PrefixIndex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,6 +37,12 @@ pub enum IndexOp {
     Clear { backend: BackendIdx },
     /// The backend was removed: drop every block it held and undeclare it.
     RemoveBackend { backend: BackendIdx },
+    /// `backend` was sent these RAG chunks (ids).
+    HoldChunks {
+        backend: BackendIdx,
+        chunks: Arc<[u64]>,
+        now_ms: u64,
+    },
     /// The conversation `session` (hash of its `X-Session-ID`) lives on `backend`.
     BindSession {
         session: u64,
@@ -52,7 +59,12 @@ pub struct IndexEvent {
 }
 
 impl IndexEvent {
-    pub fn apply(&self, index: &mut PrefixIndex, sessions: &mut SessionTable) {
+    pub fn apply(
+        &self,
+        index: &mut PrefixIndex,
+        sessions: &mut SessionTable,
+        chunks: &mut ChunkIndex,
+    ) {
         match &self.op {
             IndexOp::Insert {
                 backend,
@@ -69,8 +81,17 @@ impl IndexEvent {
                 let capacity = index.capacity(*backend);
                 index.remove_backend(*backend);
                 index.set_capacity(*backend, capacity);
+                chunks.remove_backend(*backend);
             }
-            IndexOp::RemoveBackend { backend } => index.remove_backend(*backend),
+            IndexOp::RemoveBackend { backend } => {
+                index.remove_backend(*backend);
+                chunks.remove_backend(*backend);
+            }
+            IndexOp::HoldChunks {
+                backend,
+                chunks: ids,
+                now_ms,
+            } => chunks.insert(*backend, ids, *now_ms),
             IndexOp::BindSession {
                 session,
                 backend,

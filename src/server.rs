@@ -166,7 +166,13 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
             )
             .await
         }
-        ("/v1/chat/completions" | "/v1/completions", _) => Err(method_not_allowed("POST")),
+        ("/v1/workflows", Method::Post) => {
+            crate::workflow::serve(shard, &mut conn.stream, &conn.head, &conn.body, &request_id)
+                .await
+        }
+        ("/v1/chat/completions" | "/v1/completions" | "/v1/workflows", _) => {
+            Err(method_not_allowed("POST"))
+        }
         ("/v1/models", Method::Get) => {
             local(
                 shard,
@@ -227,9 +233,10 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
         Ok(keep) => keep,
         Err(e) => {
             let allow: &[u8] = match (e.kind, conn.head.route_path()) {
-                (ErrorKind::MethodNotAllowed, "/v1/chat/completions" | "/v1/completions") => {
-                    b"Allow: POST\r\n"
-                }
+                (
+                    ErrorKind::MethodNotAllowed,
+                    "/v1/chat/completions" | "/v1/completions" | "/v1/workflows",
+                ) => b"Allow: POST\r\n",
                 (ErrorKind::MethodNotAllowed, _) => b"Allow: GET\r\n",
                 _ => b"",
             };

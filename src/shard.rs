@@ -173,6 +173,8 @@ pub struct Shard {
     pub index: RefCell<PrefixIndex>,
     pub matches: RefCell<PrefixMatch>,
     pub sessions: RefCell<SessionTable>,
+    /// Which backends were sent which RAG chunks (replicated like the index).
+    pub chunks: RefCell<radixgate_orchestrator::ChunkIndex>,
     /// Learned prefill cost per backend, ns per uncached prompt token (0 = unknown).
     pub prefill_ns: RefCell<Vec<u32>>,
     /// Requests this shard has in flight to each half-open backend (its probes).
@@ -232,6 +234,9 @@ impl Shard {
             edge_queue: EdgeQueue::new(c.admission.queue_capacity),
             index: RefCell::new(index),
             matches: RefCell::new(PrefixMatch::default()),
+            chunks: RefCell::new(radixgate_orchestrator::ChunkIndex::new(
+                c.routing.rag_max_chunks,
+            )),
             sessions: RefCell::new(SessionTable::new(
                 c.routing.session_ttl.as_millis() as u64,
                 c.routing.max_sessions,
@@ -355,6 +360,7 @@ impl Shard {
                     event.apply(
                         &mut self.index.borrow_mut(),
                         &mut self.sessions.borrow_mut(),
+                        &mut self.chunks.borrow_mut(),
                     );
                     let mut m = self.metrics.borrow_mut();
                     m.replica_applied += 1;

@@ -82,10 +82,37 @@ fn demo_serves_a_chat_completion() {
     let addr = url.trim_start_matches("http://").parse().unwrap();
     let mut c = common::Client::connect(addr);
     let r = c.post("/v1/chat/completions", &common::chat_body("hi", false), &[]);
+    // The workload features: an image (only sim-0 takes it), a RAG request, a workflow.
+    let image = common::Client::connect(addr).post(
+        "/v1/chat/completions",
+        r#"{"model":"sim","max_tokens":2,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}},{"type":"text","text":"what is it?"}]}]}"#,
+        &[],
+    );
+    let rag = common::Client::connect(addr).post(
+        "/v1/chat/completions",
+        r#"{"model":"sim","max_tokens":2,"rag":{"chunks":["a","b"],"query":"q"}}"#,
+        &[],
+    );
+    let workflow = common::Client::connect(addr).post(
+        "/v1/workflows",
+        r#"{"nodes":[{"id":"a","model":"sim","prompt":"x","params":{"max_tokens":2}},{"id":"b","model":"sim","parents":["a"],"prompt":"y {{a}}","params":{"max_tokens":2}}]}"#,
+        &[],
+    );
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["object"], "chat.completion");
+    assert_eq!(image.status, 200, "{}", image.text());
+    assert_eq!(image.header("x-router-backend"), Some("sim-0"));
+    assert_eq!(rag.status, 200, "{}", rag.text());
+    assert_eq!(rag.header("x-router-chunks"), Some("2"));
+    assert_eq!(workflow.status, 200, "{}", workflow.text());
+    assert_eq!(
+        workflow.json()["status"],
+        "succeeded",
+        "{}",
+        workflow.text()
+    );
 }
 
 #[test]

@@ -11,11 +11,14 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod dag;
 pub mod engine_cache;
 pub mod index;
+pub mod media;
 pub mod policy;
 pub mod prompt;
 pub mod quota;
+pub mod rag;
 pub mod retry;
 pub mod route;
 
@@ -23,9 +26,11 @@ pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
 pub use engine_cache::EngineCache;
 pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
+pub use media::{Capabilities, MediaNeeds};
 pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
     Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
 pub use prompt::{model_seed, PromptHasher};
+pub use rag::{ChunkIndex, ChunkPick};
 pub use retry::RetryBudget;

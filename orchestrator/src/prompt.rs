@@ -40,6 +40,10 @@
 //! ([`PromptHasher::feed_tools_start`], then [`PromptHasher::feed`]) — chat templates
 //! render them ahead of the conversation, so requests sharing tools share that prefix.
 //!
+//! An image or audio content part enters as `0x1D 0x19 kind id` instead of its bytes
+//! ([`PromptHasher::feed_media_part`]): a stable media id (the hash of its URL or
+//! data), so the same attachment hashes alike in every request that sends it.
+//!
 //! A prompt shorter than one block has no complete block: [`PromptHasher::blocks`] is
 //! empty, so it never matches the prefix index, and its affinity key is the seeded
 //! hash of its partial bytes (hash routing still keeps identical short prompts
@@ -73,6 +77,7 @@ const PART_START: u8 = 0x1D;
 const COMPLETION_START: u8 = 0x1C;
 const TOOLS_START: u8 = 0x1B;
 const TOOL_CALL_START: u8 = 0x1A;
+const MEDIA_START: u8 = 0x19;
 
 /// Bytes per token id in a token-mode block ([`PromptHasher::feed_token_ids`]).
 pub const TOKEN_ID_BYTES: usize = 4;
@@ -235,6 +240,24 @@ impl PromptHasher {
     pub fn feed_content_part(&mut self, text: &str) {
         self.feed(&[PART_START]);
         self.feed(text.as_bytes());
+    }
+
+    /// Feeds an image or audio content part as its stable media id
+    /// ([`crate::media::media_id`]): `0x1D 0x19 kind id` with `kind` `i` (image) or `a`
+    /// (audio) and the id as 16 lowercase hex digits (the stream stays UTF-8 for token
+    /// mode). Returns the index of the block its last byte falls in: a backend that
+    /// holds more leading blocks than that has seen the whole media id.
+    pub fn feed_media_part(&mut self, kind: u8, id: u64) -> usize {
+        let mut out = [0u8; 19];
+        out[0] = PART_START;
+        out[1] = MEDIA_START;
+        out[2] = kind;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for (i, slot) in out[3..].iter_mut().enumerate() {
+            *slot = HEX[((id >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        self.feed(&out);
+        ((self.bytes_fed - 1) / self.block_bytes as u64) as usize
     }
 
     /// Starts the tool-definitions item; feed the definitions next with [`Self::feed`].

@@ -1,12 +1,12 @@
 //! The DOM-based body parser this module used before the one-pass one (sonic-rs `Value`),
 //! kept as the reference the one-pass parser must agree with (the helpers it
-//! did not change, `feed_json`, `content_part_text`, `feed_prompt` and
+//! did not change, `feed_json`, `feed_part`, `feed_prompt` and
 //! `optional_count`, are shared): same facts, same
 //! errors (kind and param), same canonical prompt stream (block hashes).
 
-use super::{content_part_text, feed_json, feed_prompt, optional_count};
+use super::{feed_json, feed_part, feed_prompt, optional_count};
 use super::{Endpoint, ErrorKind, GatewayError, ModelTable, RequestFacts};
-use radixgate_orchestrator::PromptHasher;
+use radixgate_orchestrator::{MediaNeeds, PromptHasher};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
 /// Per-shard parsing state. sonic-rs parses the original bytes (it does not rewrite
@@ -82,10 +82,13 @@ impl DomBodyParser {
         };
         let salt_seed = salt.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
         hasher.reset(models.seeds[model] ^ seed_mix ^ salt_seed);
-        match endpoint {
+        let media = match endpoint {
             Endpoint::ChatCompletions => feed_messages(&value, hasher)?,
-            Endpoint::Completions => feed_prompt(value.get("prompt"), hasher)?,
-        }
+            Endpoint::Completions => {
+                feed_prompt(value.get("prompt"), hasher)?;
+                MediaNeeds::TEXT_ONLY
+            }
+        };
         Ok(RequestFacts {
             model,
             stream,
@@ -93,11 +96,13 @@ impl DomBodyParser {
             include_usage,
             has_cache_salt: salt.is_some(),
             affinity_key: hasher.affinity_key(),
+            media,
         })
     }
 }
 
-fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
+fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<MediaNeeds, GatewayError> {
+    let mut media = MediaNeeds::TEXT_ONLY;
     if let Some(tools) = value.get("tools") {
         if !tools.is_null() {
             if tools.as_array().is_none() {
@@ -144,12 +149,12 @@ fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<(), Gateway
                 } else if let Some(parts) = c.as_array() {
                     hasher.feed_message(role, name, "");
                     for (j, part) in parts.iter().enumerate() {
-                        hasher.feed_content_part(content_part_text(part).ok_or_else(|| {
+                        feed_part(part, hasher, &mut media).map_err(|message| {
                             GatewayError::invalid_param(
                                 format!("messages[{i}].content[{j}]"),
-                                "content parts must be objects with a `type`",
+                                message,
                             )
-                        })?);
+                        })?;
                     }
                 } else {
                     return Err(GatewayError::invalid_param(
@@ -175,5 +180,5 @@ fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<(), Gateway
             hasher.feed_content_part(id);
         }
     }
-    Ok(())
+    Ok(media)
 }

@@ -134,7 +134,14 @@ impl Admission<'_> {
         let shared = &shard.shared;
         let cfg = &shared.config.admission;
         // A model left without backends leaves no candidates: routing answers it.
-        let _ = fill_candidates(shard, blocks, self.facts.model, None, &[]);
+        let _ = fill_candidates(
+            shard,
+            blocks,
+            self.facts.model,
+            &self.facts.media,
+            None,
+            &[],
+        );
         let candidates = shard.candidates.borrow();
         let estimate = shard.cost_model.best_estimate(&RouteInput {
             candidates: &candidates,

@@ -71,6 +71,14 @@ pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, re
     out.extend_from_slice(b"\r\nX-Request-Id: ");
     out.extend_from_slice(request_id.as_bytes());
     out.extend_from_slice(b"\r\n");
+    if let Some((overlap, total)) = route.chunk_overlap {
+        let mut n = itoa::Buffer::new();
+        out.extend_from_slice(b"X-Router-Chunk-Overlap: ");
+        out.extend_from_slice(n.format(overlap).as_bytes());
+        out.extend_from_slice(b"\r\nX-Router-Chunks: ");
+        out.extend_from_slice(n.format(total).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// Tracks where an upstream response body ends.
@@ -103,18 +111,18 @@ impl BodyTracker {
         }
     }
 
-    /// How many bytes of `data` belong to the body; payload goes to `usage`.
-    fn advance(&mut self, data: &[u8], usage: &mut UsageScanner) -> Result<usize, ()> {
+    /// How many bytes of `data` belong to the body; payload goes to `sink`.
+    fn advance(&mut self, data: &[u8], mut sink: impl FnMut(&[u8])) -> Result<usize, ()> {
         match self {
             BodyTracker::Remaining(n) => {
                 let used = (*n).min(data.len() as u64) as usize;
-                usage.feed(&data[..used]);
+                sink(&data[..used]);
                 *n -= used as u64;
                 Ok(used)
             }
-            BodyTracker::Chunked(d) => d.feed(data, |p| usage.feed(p)).map_err(|_| ()),
+            BodyTracker::Chunked(d) => d.feed(data, sink).map_err(|_| ()),
             BodyTracker::UntilClose => {
-                usage.feed(data);
+                sink(data);
                 Ok(data.len())
             }
         }
@@ -190,7 +198,7 @@ impl Exchange<'_> {
         out.extend_from_slice(b"\r\n");
         let leftover = &buf[head_len..];
         let used = tracker
-            .advance(leftover, &mut self.usage)
+            .advance(leftover, |p| self.usage.feed(p))
             .map_err(|_| UPSTREAM_BROKE)?;
         let mut reusable = used == leftover.len();
         if used > 0 || tracker.done() {
@@ -230,7 +238,7 @@ impl Exchange<'_> {
                 self.got_first_byte();
             }
             let used = tracker
-                .advance(&buf, &mut self.usage)
+                .advance(&buf, |p| self.usage.feed(p))
                 .map_err(|_| UPSTREAM_BROKE)?;
             if used < buf.len() {
                 // Bytes after the end of the response: the upstream broke framing.
@@ -270,6 +278,71 @@ impl Exchange<'_> {
         let (r, buf) = client.write_all(buf).await;
         self.shard.give_buffer(buf);
         r.is_ok()
+    }
+
+    /// Runs the attempt for a caller that wants the response whole (a workflow node):
+    /// returns the decoded body (chunk framing removed), watched for `usage` like a
+    /// streamed one. The connection goes back to the pool when it was read to the end.
+    pub async fn fetch(
+        &mut self,
+        request: Vec<u8>,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, GatewayError> {
+        let shard = self.shard;
+        let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
+        let (mut upstream, mut buf, head_len, resp) = self.send(request, None).await?;
+        self.status = resp.status;
+        self.got_first_byte();
+        let broke = |what: &str| {
+            GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                format!("backend `{}` {what}", shard.backend_id(self.backend)),
+            )
+        };
+        let mut tracker = BodyTracker::new(resp.framing());
+        let mut body = Vec::new();
+        let mut start = head_len;
+        let mut reusable = true;
+        loop {
+            let data = &buf[start..];
+            let used = tracker
+                .advance(data, |p| {
+                    self.usage.feed(p);
+                    body.extend_from_slice(p);
+                })
+                .map_err(|_| broke("broke the response framing"))?;
+            if used < data.len() {
+                reusable = false;
+            }
+            if body.len() > max_bytes {
+                return Err(broke("sent a response larger than the workflow node limit"));
+            }
+            if tracker.done() {
+                break;
+            }
+            buf.clear();
+            start = 0;
+            match monoio::time::timeout(
+                idle_timeout,
+                read_append(&mut upstream, &mut buf, 16 << 10),
+            )
+            .await
+            {
+                Ok(Ok(0)) | Ok(Err(_)) if matches!(tracker, BodyTracker::UntilClose) => {
+                    reusable = false;
+                    break;
+                }
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(broke("broke off the response")),
+                Ok(Ok(_)) => {}
+                Err(_) => return Err(broke("stalled in the middle of the response")),
+            }
+        }
+        shard.give_buffer(buf);
+        let live = shard.fleet.borrow().live.backends.is_live(self.backend);
+        if reusable && resp.keep_alive && live {
+            shard.pool.borrow_mut().put(self.backend, upstream);
+        }
+        Ok(body)
     }
 
     /// Sends the request and reads the response head. A pooled connection that

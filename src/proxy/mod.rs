@@ -9,6 +9,7 @@
 //! retry budget. The request body goes upstream exactly as the client sent it.
 
 mod admit;
+pub mod call;
 mod exchange;
 pub mod queue;
 mod route;
@@ -52,6 +53,8 @@ struct Request<'a> {
     /// The prompt's blocks, copied off the shard's scratch when the request had to
     /// wait in the edge queue (other requests reuse the scratch meanwhile).
     blocks: Option<Arc<[u64]>>,
+    /// A RAG request's distinct chunk ids (empty otherwise).
+    chunks: &'a [u64],
 }
 
 /// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
@@ -69,44 +72,21 @@ pub async fn forward(
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
     let tenant = authenticate(shard, head)?;
+    // A RAG request becomes a plain chat body first (crate::rag).
+    let normalised = match endpoint {
+        Endpoint::ChatCompletions => crate::rag::normalise(body, &shared.config.routing.rag_field)?,
+        Endpoint::Completions => None,
+    };
+    let (body, chunks) = match &normalised {
+        Some(n) => (&n.body[..], &n.chunk_ids[..]),
+        None => (body, &[][..]),
+    };
     let isolated = shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
         (true, Some(t)) => shared.tenants[t].seed,
         _ => 0,
     };
-    let (facts, prompt_tokens) = {
-        let mut parser = shard.parser.borrow_mut();
-        let mut hasher = shard.hasher.borrow_mut();
-        let fleet = shard.fleet.borrow().clone();
-        let models = fleet.live.backends.models();
-        let mut facts = parser.parse(endpoint, body, models, &mut hasher, seed_mix)?;
-        match &shard.tokens {
-            // Token mode: the token-id blocks replace the byte blocks (and the
-            // affinity key); the prompt's size is known exactly.
-            Some(tokens) => {
-                let mut tokens = tokens.borrow_mut();
-                let hashed = match &shared.config.routing.hashing {
-                    Hashing::Tokens {
-                        template: Some(template),
-                        ..
-                    } => tokens.hash_precise(&hasher, template, body),
-                    _ => tokens.hash(&hasher).map_err(|e| e.to_string()),
-                };
-                if let Err(e) = hashed {
-                    tracing::debug!(error = %e, "tokenizing the prompt failed; routing by load");
-                }
-                facts.affinity_key = tokens.affinity_key();
-                (facts, tokens.tokens() as u64)
-            }
-            None => {
-                let bytes = hasher.bytes_fed() as f64;
-                (
-                    facts,
-                    (bytes / shared.config.routing.bytes_per_token) as u64,
-                )
-            }
-        }
-    };
+    let (facts, prompt_tokens) = parse_prompt(shard, endpoint, body, seed_mix)?;
     if isolated && tenant.is_some() && facts.has_cache_salt {
         return Err(GatewayError::invalid_param(
             "cache_salt",
@@ -123,7 +103,9 @@ pub async fn forward(
     let admission = match tenant.map(|t| &shared.tenants[t]) {
         None => None,
         Some(t) => {
-            let estimate = prompt_tokens + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
+            let estimate = prompt_tokens
+                + u64::from(facts.media.tokens())
+                + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
             match t.admit(estimate, now) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
@@ -197,6 +179,7 @@ pub async fn forward(
         tenant,
         started,
         blocks,
+        chunks,
     };
     let (keep_open, usage) = attempt_all(shard, client, &request, upstream_body).await?;
     // Reconcile the tokens charged up front with what the engine reported.
@@ -211,12 +194,65 @@ pub async fn forward(
     Ok(keep_open)
 }
 
+/// Parses the body and hashes its prompt into the shard's scratch (byte blocks, or
+/// token blocks in token mode: [`Shard::prompt_blocks`]); returns the facts and the
+/// prompt's size in tokens (estimated in bytes mode).
+pub(crate) fn parse_prompt(
+    shard: &Shard,
+    endpoint: Endpoint,
+    body: &[u8],
+    seed_mix: u64,
+) -> Result<(RequestFacts, u64), GatewayError> {
+    let shared = &shard.shared;
+    let mut parser = shard.parser.borrow_mut();
+    let mut hasher = shard.hasher.borrow_mut();
+    let fleet = shard.fleet.borrow().clone();
+    let models = fleet.live.backends.models();
+    let mut facts = parser.parse(endpoint, body, models, &mut hasher, seed_mix)?;
+    match &shard.tokens {
+        // Token mode: the token-id blocks replace the byte blocks (and the
+        // affinity key); the prompt's size is known exactly.
+        Some(tokens) => {
+            let mut tokens = tokens.borrow_mut();
+            let hashed = match &shared.config.routing.hashing {
+                Hashing::Tokens {
+                    template: Some(template),
+                    ..
+                } => tokens.hash_precise(&hasher, template, body),
+                _ => tokens.hash(&hasher).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = hashed {
+                tracing::debug!(error = %e, "tokenizing the prompt failed; routing by load");
+            }
+            facts.affinity_key = tokens.affinity_key();
+            // The media's block, counted in token blocks (an estimate from its bytes).
+            let routing = &shared.config.routing;
+            let before_media =
+                f64::from(facts.media.first_block) * hasher.block_bytes().get() as f64;
+            facts.media.first_block =
+                (before_media / routing.bytes_per_token / routing.prefix_aware.tokens_per_block)
+                    as u32;
+            Ok((facts, tokens.tokens() as u64))
+        }
+        None => {
+            let bytes = hasher.bytes_fed() as f64;
+            Ok((
+                facts,
+                (bytes / shared.config.routing.bytes_per_token) as u64,
+            ))
+        }
+    }
+}
+
 /// Output tokens charged up front when a request gives no `max_tokens`.
 const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
 
 /// The tenant of the request's API key. `Ok(None)`: anonymous (allowed only when
 /// `auth.required` is off and no key was sent).
-fn authenticate(shard: &Shard, head: &RequestHead) -> Result<Option<usize>, GatewayError> {
+pub(crate) fn authenticate(
+    shard: &Shard,
+    head: &RequestHead,
+) -> Result<Option<usize>, GatewayError> {
     let shared = &shard.shared;
     let unauthorized = |message: &str| {
         shard.metrics.borrow_mut().auth_failures += 1;
@@ -373,13 +409,14 @@ async fn attempt_all(
         attempt += 1;
         let excluded_now = &excluded[..attempt - 1];
         let routed = match &carried {
-            Some(b) => route(shard, b, facts, policy, session, excluded_now),
+            Some(b) => route(shard, b, facts, policy, session, req.chunks, excluded_now),
             None => route(
                 shard,
                 &shard.prompt_blocks(),
                 facts,
                 policy,
                 session,
+                req.chunks,
                 excluded_now,
             ),
         };
@@ -546,9 +583,30 @@ fn write_upstream_head(
     backend: usize,
     request_id: &str,
 ) {
+    write_upstream_head_for(
+        shard,
+        out,
+        &head.path,
+        &head.forward_headers,
+        body_len,
+        backend,
+        request_id,
+    );
+}
+
+/// The upstream request head for `path`, with `forward_headers` (complete lines).
+fn write_upstream_head_for(
+    shard: &Shard,
+    out: &mut Vec<u8>,
+    path: &str,
+    forward_headers: &[u8],
+    body_len: usize,
+    backend: usize,
+    request_id: &str,
+) {
     let b = shard.backend(backend);
     out.extend_from_slice(b"POST ");
-    out.extend_from_slice(head.path.as_bytes());
+    out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(b.host.as_bytes());
     out.extend_from_slice(b"\r\nContent-Length: ");
@@ -559,6 +617,6 @@ fn write_upstream_head(
     if let Some(auth) = &b.upstream_auth {
         out.extend_from_slice(auth.as_bytes());
     }
-    out.extend_from_slice(&head.forward_headers);
+    out.extend_from_slice(forward_headers);
     out.extend_from_slice(b"\r\n");
 }

@@ -9,7 +9,7 @@ use crate::openai::RequestFacts;
 use crate::replica::{IndexEvent, IndexOp};
 use crate::shard::Shard;
 use radixgate_orchestrator::{
-    BreakerState, Candidate, Pick, PolicyName, RouteInput, RoutingPolicy,
+    BreakerState, Candidate, MediaNeeds, Pick, PolicyName, RouteInput, RoutingPolicy,
 };
 use std::sync::Arc;
 
@@ -43,6 +43,8 @@ pub(super) struct Route {
     pub alternatives: usize,
     /// The prompt's blocks, recorded in the index as now held by the pick.
     pub blocks: Option<Arc<[u64]>>,
+    /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
+    pub chunk_overlap: Option<(u32, u32)>,
 }
 
 impl Route {
@@ -79,12 +81,14 @@ fn publish(shard: &Shard, op: IndexOp) {
 }
 
 /// Fills the shard's candidate scratch for `model`: the healthy, undrained backends
-/// whose breaker lets a request through (and not in `excluded`), with their load and
-/// the leading `blocks` each holds per this shard's index replica.
+/// whose breaker lets a request through, that accept the request's `media` (and not
+/// in `excluded`), with their load and the leading `blocks` each holds per this
+/// shard's index replica. 415 when no backend of the model accepts the media.
 pub(super) fn fill_candidates(
     shard: &Shard,
     blocks: &[u64],
     model: usize,
+    media: &MediaNeeds,
     session_home: Option<usize>,
     excluded: &[usize],
 ) -> Result<(), GatewayError> {
@@ -104,6 +108,14 @@ pub(super) fn fill_candidates(
             param: Some("model".into()),
         });
     }
+    let needs = media.kinds;
+    if !needs.is_empty()
+        && !serving
+            .iter()
+            .any(|&b| live.backends.config(b).capabilities.covers(needs))
+    {
+        return Err(unsupported_media(live.backends.models().name(model), needs));
+    }
     let prefill_ns = shard.prefill_ns.borrow();
     let probes = shard.probes.borrow();
     let probe_limit = live.config.breaker.half_open_probes;
@@ -115,36 +127,64 @@ pub(super) fn fill_candidates(
             BreakerState::Open => false,
             BreakerState::HalfOpen => probes[b] < probe_limit,
         };
-        if fleet.healthy[b] && breaker_allows && !fleet.draining[b] && !excluded.contains(&b) {
+        let capable = live.backends.config(b).capabilities.covers(needs);
+        if capable
+            && fleet.healthy[b]
+            && breaker_allows
+            && !fleet.draining[b]
+            && !excluded.contains(&b)
+        {
+            let matched_blocks = matches.matched.get(b).copied().unwrap_or(0);
             candidates.push(Candidate {
                 backend: b,
                 in_flight: shared.in_flight.total(b),
-                matched_blocks: matches.matched.get(b).copied().unwrap_or(0),
+                matched_blocks,
                 engine_waiting: fleet.engine_waiting(b),
                 pending_prefill_tokens: shared.pending_prefill_tokens.total(b),
                 prefill_ns_per_token: prefill_ns[b],
                 session_home: session_home == Some(b),
+                uncached_media_tokens: media.uncached_tokens(matched_blocks),
             });
         }
     }
     Ok(())
 }
 
-/// Looks the prompt (`blocks`) up in this shard's index replica, asks the policy,
-/// and records the belief that the pick now holds the prompt (applied here at once,
-/// replicated through the coordinator).
+/// 415: the request carries media that no backend of its model accepts.
+fn unsupported_media(model: &str, needs: radixgate_orchestrator::Capabilities) -> GatewayError {
+    GatewayError {
+        kind: ErrorKind::UnsupportedMedia,
+        message: format!(
+            "The request carries {needs} content, which no backend serving model `{model}` accepts."
+        ),
+        param: Some("messages".into()),
+    }
+}
+
+/// Looks the prompt (`blocks`) up in this shard's index replica, asks the chunk index
+/// (a RAG request's `chunks`, under `prefix_aware`) or else the policy, and records
+/// the belief that the pick now holds the prompt and the chunks (applied here at
+/// once, replicated through the coordinator).
 pub(super) fn route(
     shard: &Shard,
     blocks: &[u64],
     facts: &RequestFacts,
     policy: PolicyName,
     session: Option<u64>,
+    chunks: &[u64],
     excluded: &[usize],
 ) -> Result<Route, GatewayError> {
     let shared = &shard.shared;
     let now_ms = shared.now_ms();
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
-    fill_candidates(shard, blocks, facts.model, session_home, excluded)?;
+    fill_candidates(
+        shard,
+        blocks,
+        facts.model,
+        &facts.media,
+        session_home,
+        excluded,
+    )?;
     let fleet = shard.fleet.borrow();
     let live = &*fleet.live;
     let candidates = shard.candidates.borrow();
@@ -171,6 +211,35 @@ pub(super) fn route(
         .get(policy, &live.policy)
         .pick(&input, &mut shard.rng.borrow_mut())
         .ok_or_else(no_backend)?;
+    // Chunk affinity: a RAG request under the cache-aware policy that found no cached
+    // prefix to follow goes where most of its chunks were sent, unless load outweighs
+    // them.
+    let pick = if policy == PolicyName::PrefixAware && !chunks.is_empty() {
+        let chunk_pick =
+            shard
+                .chunks
+                .borrow()
+                .pick(&candidates, chunks, live.config.routing.rag_chunk_weight);
+        radixgate_orchestrator::rag::with_chunk_affinity(pick, chunk_pick)
+    } else {
+        pick
+    };
+    let chunk_overlap = (!chunks.is_empty()).then(|| {
+        let overlap = shard.chunks.borrow().overlap(pick.backend, chunks);
+        shard
+            .chunks
+            .borrow_mut()
+            .insert(pick.backend, chunks, now_ms);
+        publish(
+            shard,
+            IndexOp::HoldChunks {
+                backend: pick.backend,
+                chunks: chunks.into(),
+                now_ms,
+            },
+        );
+        (overlap, chunks.len() as u32)
+    });
     let chosen = candidates
         .iter()
         .find(|c| c.backend == pick.backend)
@@ -216,6 +285,7 @@ pub(super) fn route(
         probe: fleet.breaker[pick.backend] == BreakerState::HalfOpen,
         alternatives: candidates.len() - 1,
         blocks: recorded,
+        chunk_overlap,
     })
 }
 

@@ -134,6 +134,11 @@ pub struct SimArgs {
     /// without admission; see `sim::edge`). Uses `--seed` and `--backends`.
     #[arg(long)]
     pub edge: bool,
+    /// Run the workload-aware scheduling experiments instead (RAG chunk affinity and
+    /// map-reduce DAG placement against round-robin; see `sim::scheduling`). Uses
+    /// `--seed`.
+    #[arg(long)]
+    pub scheduling: bool,
 
     /// Backends (engines).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -293,6 +298,9 @@ struct Batch {
 pub fn run(args: &SimArgs) -> String {
     if args.edge {
         return super::edge::report(args.seed, args.backends as usize);
+    }
+    if args.scheduling {
+        return super::scheduling::report(args.seed);
     }
     let base = args.sim_config();
     let policies = args.policies();

@@ -44,6 +44,7 @@ pub mod cli;
 pub mod edge;
 pub mod engine;
 pub mod report;
+pub mod scheduling;
 pub mod workload;
 
 use engine::{Engine, Job};

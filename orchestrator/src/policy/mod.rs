@@ -46,6 +46,9 @@ pub struct Candidate {
     pub pending_prefill_tokens: u32,
     /// The request's `X-Session-ID` is bound to this backend.
     pub session_home: bool,
+    /// Prompt tokens of the request's images and audio this backend would still have
+    /// to encode and prefill ([`crate::MediaNeeds::uncached_tokens`]; 0 for text).
+    pub uncached_media_tokens: u32,
 }
 
 // === impl Candidate ===
@@ -98,10 +101,13 @@ pub enum Reason {
     NoMatch,
     /// The request's session is bound to this backend and it had room.
     SessionAffinity,
+    /// A RAG request the policy would have routed by load went where most of its
+    /// chunks were sent before ([`crate::rag::with_chunk_affinity`]).
+    ChunkAffinity,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::LeastLoaded,
@@ -113,6 +119,7 @@ impl Reason {
         Reason::FallbackLeastLoaded,
         Reason::NoMatch,
         Reason::SessionAffinity,
+        Reason::ChunkAffinity,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -128,6 +135,7 @@ impl Reason {
             Reason::FallbackLeastLoaded => "fallback-least-loaded",
             Reason::NoMatch => "no-match",
             Reason::SessionAffinity => "session-affinity",
+            Reason::ChunkAffinity => "chunk-affinity",
         }
     }
 }

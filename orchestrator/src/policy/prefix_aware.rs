@@ -13,12 +13,15 @@
 //! est_ttft_ns = queue_ns_per_request * load
 //!             + prefill_ns_per_token * pending_prefill_tokens
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
+//!             + prefill_ns_per_token * uncached_media_tokens
 //! ```
 //!
 //! The second term is the queue as the engine sees it: what the requests ahead still
 //! have to prefill, so a backend whose queue holds cache hits is cheap and one whose
 //! queue holds cold documents is not, at equal counts. The first is what a request
-//! ahead costs beyond its prefill (decode steps sharing the batch).
+//! ahead costs beyond its prefill (decode steps sharing the batch). The last,
+//! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
+//! charged to candidates whose match does not reach them ([`crate::media`]).
 //!
 //! A backend is *saturated* when its load is at `saturation_inflight` or more and at
 //! least [`SATURATION_OVER_MEAN`] times the candidates' mean load. The pick goes, in
@@ -163,11 +166,14 @@ impl PrefixAware {
     pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
         let queue = self.queue_ns(candidate);
         let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
-        if missing == 0 {
+        if missing == 0 && candidate.uncached_media_tokens == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
             return queue;
         }
-        queue + self.prefill_ns_per_token(candidate) * self.tokens_per_block * f64::from(missing)
+        queue
+            + self.prefill_ns_per_token(candidate)
+                * (self.tokens_per_block * f64::from(missing)
+                    + f64::from(candidate.uncached_media_tokens))
     }
 
     /// The wait before this backend could start on a new request, in ns: the first two

@@ -38,6 +38,7 @@ fn reason_strings() {
             "fallback-least-loaded",
             "no-match",
             "session-affinity",
+            "chunk-affinity",
         ]
     );
 }
@@ -99,6 +100,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             prefill_ns_per_token: 0,
             pending_prefill_tokens: 0,
             session_home: false,
+            uncached_media_tokens: 0,
         }
     );
 }

@@ -1,0 +1,136 @@
+//! One upstream call the gateway makes on its own behalf (a workflow node), with the
+//! response read whole instead of streamed to a client.
+//!
+//! It goes through the very steps a client request does — [`super::parse_prompt`],
+//! [`super::route::route`] (prefix index, policy, index insert and replication), the
+//! in-flight and probe guards, a pooled connection, the breaker report and the
+//! metrics — so a node is placed cache-aware and counted like any request. It does
+//! not fail over: a failed node is reported to the workflow, which fails its
+//! descendants.
+
+use super::exchange::Exchange;
+use super::route::{route, ProbeGuard};
+use super::{parse_prompt, with_cache_salt, write_upstream_head_for};
+use crate::error::GatewayError;
+use crate::fleet::InFlightGuard;
+use crate::observe::{Usage, UsageScanner};
+use crate::openai::Endpoint;
+use crate::shard::Shard;
+use monoio::time::Instant;
+use radixgate_orchestrator::Reason;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// What one call did.
+#[derive(Debug)]
+pub struct Called {
+    pub backend: usize,
+    pub reason: Reason,
+    /// Leading prompt blocks the backend held per the index, before the call.
+    pub matched_blocks: u32,
+    pub status: u16,
+    /// The decoded response body.
+    pub body: Vec<u8>,
+    pub usage: Usage,
+}
+
+/// Where a failed call got to: the error, and the backend if one was picked.
+#[derive(Debug)]
+pub struct CallFailed {
+    pub error: GatewayError,
+    pub backend: Option<usize>,
+}
+
+/// Routes `body` (a complete OpenAI request for `endpoint`) and runs it, reading the
+/// response (at most `max_bytes`) whole. `tenant_seed`: under tenant prefix
+/// isolation, the tenant's seed, which salts the hash chain and the engine's cache
+/// (`cache_salt`) as for the tenant's own requests. `group`: a session key, as
+/// `X-Session-ID` gives one, that keeps calls sharing it on one backend while that
+/// backend has room.
+pub async fn call(
+    shard: &Rc<Shard>,
+    endpoint: Endpoint,
+    body: &[u8],
+    request_id: &str,
+    max_bytes: usize,
+    tenant_seed: Option<u64>,
+    group: Option<u64>,
+) -> Result<Called, CallFailed> {
+    let failed = |error| CallFailed {
+        error,
+        backend: None,
+    };
+    let started = Instant::now();
+    let (facts, _) =
+        parse_prompt(shard, endpoint, body, tenant_seed.unwrap_or(0)).map_err(failed)?;
+    let salted;
+    let body = match tenant_seed {
+        Some(seed) => {
+            salted = with_cache_salt(body, seed);
+            &salted[..]
+        }
+        None => body,
+    };
+    let blocks: Arc<[u64]> = (*shard.prompt_blocks()).into();
+    let policy = shard.fleet.borrow().live.config.routing.policy;
+    let route = route(shard, &blocks, &facts, policy, group, &[], &[]).map_err(failed)?;
+    let backend = route.pick.backend;
+    let _probe = ProbeGuard::enter(shard, &route);
+    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let path = match endpoint {
+        Endpoint::ChatCompletions => "/v1/chat/completions",
+        Endpoint::Completions => "/v1/completions",
+    };
+    let mut request = shard.take_buffer();
+    write_upstream_head_for(
+        shard,
+        &mut request,
+        path,
+        b"Content-Type: application/json\r\n",
+        body.len(),
+        backend,
+        request_id,
+    );
+    request.extend_from_slice(body);
+    let mut exchange = Exchange {
+        shard,
+        backend,
+        started,
+        first_byte: None,
+        pending_prefill: Some(InFlightGuard::add(
+            &shard.shared.pending_prefill_tokens,
+            shard.id,
+            backend,
+            route.uncached_tokens,
+        )),
+        usage: UsageScanner::default(),
+        status: 0,
+    };
+    match exchange.fetch(request, max_bytes).await {
+        Ok(body) => {
+            shard.report_outcome(backend, exchange.status < 500);
+            exchange.record(&facts, &route);
+            Ok(Called {
+                backend,
+                reason: route.pick.reason,
+                matched_blocks: route.matched_blocks,
+                status: exchange.status,
+                body,
+                usage: exchange.usage.usage,
+            })
+        }
+        Err(error) => {
+            if exchange.status == 0 {
+                // Nothing was cached upstream: forget the belief.
+                route.roll_back(shard);
+            }
+            shard.report_outcome(backend, false);
+            exchange.status = error.status();
+            exchange.record(&facts, &route);
+            Err(CallFailed {
+                error,
+                backend: Some(backend),
+            })
+        }
+    }
+}
