@@ -2,9 +2,11 @@
 //! blocks up in the prefix index, fill in each candidate's matched blocks and session
 //! flag, ask the policy, and record in the index that the pick now holds the prompt.
 //!
-//! The gateway (`src/proxy.rs`) and the simulator (`radixgate-bench sim`) both go
-//! through [`route`], so the simulator measures the decision the gateway would take,
-//! not a re-implementation of it. Everything around the decision stays with the
+//! The simulator (`radixgate-bench sim`) goes through [`route`]. The gateway
+//! (`src/proxy/route.rs`) takes the same steps over its shard's replica — match, fill
+//! the candidates, the same policy object, insert — with its own candidate filling
+//! (health, breaker, drain, capabilities, pending prefill) and replication around them,
+//! so both decide with the same policy code. Everything around the decision stays with the
 //! caller: which backends are healthy and how loaded (the `fleet` it passes),
 //! replicating the insert to other shards, binding the session, logging.
 
