@@ -272,6 +272,8 @@ impl Coordinator {
             "id": cfg.id,
             "url": format!("http://{}", cfg.host),
             "models": cfg.models,
+            "role": cfg.role.as_str(),
+            "bootstrap_port": cfg.bootstrap_port,
             "healthy": self.healthy[b],
             "breaker": self.breakers[b].state().as_str(),
             "in_flight": in_flight,

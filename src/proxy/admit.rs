@@ -15,7 +15,7 @@
 //! configured skip all of this (no index lookup, no cost).
 
 use super::queue::EdgeQueue;
-use super::route::fill_candidates;
+use super::route::{fill_candidates, Pool};
 use crate::config::TierConfig;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
@@ -134,7 +134,7 @@ impl Admission<'_> {
         let shared = &shard.shared;
         let cfg = &shared.config.admission;
         // A model left without backends leaves no candidates: routing answers it.
-        let _ = fill_candidates(shard, blocks, self.facts.model, None, &[]);
+        let _ = fill_candidates(shard, blocks, self.facts.model, None, &[], Pool::Whole);
         let candidates = shard.candidates.borrow();
         let estimate = shard.cost_model.best_estimate(&RouteInput {
             candidates: &candidates,

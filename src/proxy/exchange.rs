@@ -67,6 +67,12 @@ pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, re
     out.extend_from_slice(route.pick.reason.as_str().as_bytes());
     out.extend_from_slice(b"\r\nX-Router-Match-Blocks: ");
     out.extend_from_slice(itoa::Buffer::new().format(route.matched_blocks).as_bytes());
+    if let Some(prefill) = route.prefill {
+        out.extend_from_slice(b"\r\nX-Router-Prefill: ");
+        out.extend_from_slice(fleet.live.backends.id(prefill).as_bytes());
+        out.extend_from_slice(b"\r\nX-Router-Decode: ");
+        out.extend_from_slice(fleet.live.backends.id(route.pick.backend).as_bytes());
+    }
     out.extend_from_slice(b"\r\nX-Request-Id: ");
     out.extend_from_slice(request_id.as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -92,6 +98,18 @@ impl BodyTracker {
     /// Whether the body stopped between two chunks (so an event can be appended).
     fn at_chunk_boundary(&self) -> bool {
         matches!(self, BodyTracker::Chunked(d) if d.at_chunk_boundary())
+    }
+
+    /// Like [`Self::advance`], collecting the payload (decoded) into `out`.
+    fn advance_into(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<usize, ()> {
+        match self {
+            BodyTracker::Chunked(d) => d.feed(data, |p| out.extend_from_slice(p)).map_err(|_| ()),
+            _ => {
+                let used = self.advance(data, &mut UsageScanner::default())?;
+                out.extend_from_slice(&data[..used]);
+                Ok(used)
+            }
+        }
     }
 
     fn done(&self) -> bool {
@@ -127,6 +145,11 @@ pub(super) struct Exchange<'s> {
     pub first_byte: Option<Instant>,
     pub usage: UsageScanner,
     pub status: u16,
+    /// With `may_retry`, statuses from this one up are retried (500; a decode leg
+    /// also retries a 4xx, a failed KV hand-off, with a fresh prefill).
+    pub retry_from_status: u16,
+    /// Overrides `upstream.first_byte_timeout` (a split request's per-leg timeouts).
+    pub first_byte_timeout: Option<std::time::Duration>,
 }
 
 impl Exchange<'_> {
@@ -150,7 +173,7 @@ impl Exchange<'_> {
             .await
             .map_err(Failure::Retryable)?;
         self.status = resp.status;
-        if may_retry && resp.status >= 500 {
+        if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
             return Err(Failure::Retryable(GatewayError::new(
                 ErrorKind::UpstreamProtocol,
@@ -242,6 +265,55 @@ impl Exchange<'_> {
         Ok(keep_client)
     }
 
+    /// Sends the request and reads the whole response for the gateway itself (a
+    /// split request's prefill leg): the status and the decoded body. Within the
+    /// first-byte timeout for the head, then `idle_timeout` between reads.
+    pub async fn fetch(&mut self, request: Vec<u8>) -> Result<(u16, Vec<u8>), GatewayError> {
+        let shard = self.shard;
+        let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
+        let (mut upstream, mut buf, head_len, resp) = self.send(request, None).await?;
+        self.status = resp.status;
+        self.first_byte = Some(Instant::now());
+        let broke = || {
+            GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                format!(
+                    "backend `{}` broke off its response",
+                    shard.backend_id(self.backend)
+                ),
+            )
+        };
+        let mut tracker = BodyTracker::new(resp.framing());
+        let mut body = Vec::new();
+        let leftover = &buf[head_len..];
+        let used = tracker
+            .advance_into(leftover, &mut body)
+            .map_err(|_| broke())?;
+        let mut reusable = used == leftover.len();
+        while !tracker.done() {
+            buf.clear();
+            let read =
+                monoio::time::timeout(idle_timeout, read_append(&mut upstream, &mut buf, 16 << 10))
+                    .await;
+            match read {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
+                    reusable = false;
+                    break;
+                }
+                _ => return Err(broke()),
+            }
+            let used = tracker.advance_into(&buf, &mut body).map_err(|_| broke())?;
+            reusable &= used == buf.len();
+        }
+        shard.give_buffer(buf);
+        let live = shard.fleet.borrow().live.backends.is_live(self.backend);
+        if reusable && resp.keep_alive && live {
+            shard.pool.borrow_mut().put(self.backend, upstream);
+        }
+        Ok((resp.status, body))
+    }
+
     /// The upstream broke off an SSE stream between two chunks: tell the client in
     /// the stream itself and end the body properly. True when that reached it.
     async fn end_stream_with_error(&self, client: &mut TcpStream, mut buf: Vec<u8>) -> bool {
@@ -272,7 +344,10 @@ impl Exchange<'_> {
         let shard = self.shard;
         let upstream = shard.fleet.borrow().live.config.upstream.clone();
         let backend = shard.backend(self.backend);
-        let deadline = Instant::now() + upstream.first_byte_timeout;
+        let first_byte_timeout = self
+            .first_byte_timeout
+            .unwrap_or(upstream.first_byte_timeout);
+        let deadline = Instant::now() + first_byte_timeout;
         let mut buf = shard.take_buffer();
         let mut resp = ResponseHead::default();
         loop {
@@ -310,7 +385,7 @@ impl Exchange<'_> {
                             ErrorKind::UpstreamTimeout,
                             format!(
                                 "backend `{}` sent no response within {:?}",
-                                backend.id, upstream.first_byte_timeout
+                                backend.id, first_byte_timeout
                             ),
                         ))
                     }

@@ -9,6 +9,7 @@
 //! retry budget. The request body goes upstream exactly as the client sent it.
 
 mod admit;
+mod disagg;
 mod exchange;
 pub mod queue;
 mod route;
@@ -52,6 +53,8 @@ struct Request<'a> {
     /// The prompt's blocks, copied off the shard's scratch when the request had to
     /// wait in the edge queue (other requests reuse the scratch meanwhile).
     blocks: Option<Arc<[u64]>>,
+    /// Replaces the policy's reason (a split model's request served whole).
+    reason: Option<radixgate_orchestrator::Reason>,
 }
 
 /// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
@@ -197,8 +200,18 @@ pub async fn forward(
         tenant,
         started,
         blocks,
+        reason: None,
     };
-    let (keep_open, usage) = attempt_all(shard, client, &request, upstream_body).await?;
+    let split = shard
+        .fleet
+        .borrow()
+        .live
+        .split(request.facts.model)
+        .cloned();
+    let (keep_open, usage) = match split {
+        Some(split) => disagg::forward(shard, client, &request, upstream_body, &split).await?,
+        None => attempt_all(shard, client, &request, upstream_body).await?,
+    };
     // Reconcile the tokens charged up front with what the engine reported.
     if let (Some(a), Some(prompt), Some(completion)) =
         (&admission, usage.prompt_tokens, usage.completion_tokens)
@@ -383,7 +396,7 @@ async fn attempt_all(
                 excluded_now,
             ),
         };
-        let route = match routed {
+        let mut route = match routed {
             Ok(r) => r,
             Err(e) => match previous {
                 Some((error, route)) => {
@@ -395,6 +408,9 @@ async fn attempt_all(
                 None => return Err(e),
             },
         };
+        if let Some(reason) = req.reason {
+            route.pick.reason = reason;
+        }
         if attempt == 1 {
             shard
                 .metrics
@@ -422,6 +438,8 @@ async fn attempt_all(
             first_byte: None,
             usage: UsageScanner::default(),
             status: 0,
+            retry_from_status: 500,
+            first_byte_timeout: None,
         };
         let result = exchange
             .run(

@@ -3,6 +3,7 @@
 //! policy, and record the belief that the pick now holds the prompt — applied here at
 //! once and replicated through the coordinator, and rolled back if the attempt fails.
 
+use crate::config::Role;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
 use crate::openai::RequestFacts;
@@ -40,6 +41,8 @@ pub(super) struct Route {
     pub alternatives: usize,
     /// The prompt's blocks, recorded in the index as now held by the pick.
     pub blocks: Option<Arc<[u64]>>,
+    /// A split request: the prefill backend (the pick is the decode backend).
+    pub prefill: Option<usize>,
 }
 
 impl Route {
@@ -66,7 +69,7 @@ impl Route {
     }
 }
 
-fn publish(shard: &Shard, op: IndexOp) {
+pub(super) fn publish(shard: &Shard, op: IndexOp) {
     shard.metrics.borrow_mut().index_events_published += 1;
     let _ = shard.shared.index_events.send(IndexEvent {
         origin_shard: shard.id,
@@ -75,15 +78,37 @@ fn publish(shard: &Shard, op: IndexOp) {
     });
 }
 
-/// Fills the shard's candidate scratch for `model`: the healthy, undrained backends
-/// whose breaker lets a request through (and not in `excluded`), with their load and
-/// the leading `blocks` each holds per this shard's index replica.
+/// Which of a model's backends a candidate list is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pool {
+    /// Whole requests: every role but `prefill`.
+    Whole,
+    /// A split request's prefill leg.
+    Prefill,
+    /// A split request's decode leg.
+    Decode,
+}
+
+impl Pool {
+    fn admits(self, role: Role) -> bool {
+        match self {
+            Pool::Whole => role != Role::Prefill,
+            Pool::Prefill => role == Role::Prefill,
+            Pool::Decode => role == Role::Decode,
+        }
+    }
+}
+
+/// Fills the shard's candidate scratch for `model`: the backends of `pool` that are
+/// healthy, undrained, whose breaker lets a request through (and not in `excluded`),
+/// with their load and the leading `blocks` each holds per this shard's index replica.
 pub(super) fn fill_candidates(
     shard: &Shard,
     blocks: &[u64],
     model: usize,
     session_home: Option<usize>,
     excluded: &[usize],
+    pool: Pool,
 ) -> Result<(), GatewayError> {
     let shared = &shard.shared;
     shard.candidates.borrow_mut().clear();
@@ -112,7 +137,12 @@ pub(super) fn fill_candidates(
             BreakerState::Open => false,
             BreakerState::HalfOpen => probes[b] < probe_limit,
         };
-        if fleet.healthy[b] && breaker_allows && !fleet.draining[b] && !excluded.contains(&b) {
+        if fleet.healthy[b]
+            && breaker_allows
+            && !fleet.draining[b]
+            && !excluded.contains(&b)
+            && pool.admits(live.backends.config(b).role)
+        {
             candidates.push(Candidate {
                 backend: b,
                 in_flight: shared.in_flight.total(b),
@@ -140,7 +170,14 @@ pub(super) fn route(
     let shared = &shard.shared;
     let now_ms = shared.now_ms();
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
-    fill_candidates(shard, blocks, facts.model, session_home, excluded)?;
+    fill_candidates(
+        shard,
+        blocks,
+        facts.model,
+        session_home,
+        excluded,
+        Pool::Whole,
+    )?;
     let fleet = shard.fleet.borrow();
     let live = &*fleet.live;
     let candidates = shard.candidates.borrow();
@@ -209,6 +246,7 @@ pub(super) fn route(
         probe: fleet.breaker[pick.backend] == BreakerState::HalfOpen,
         alternatives: candidates.len() - 1,
         blocks: recorded,
+        prefill: None,
     })
 }
 

@@ -134,6 +134,10 @@ pub struct SimArgs {
     /// without admission; see `sim::edge`). Uses `--seed` and `--backends`.
     #[arg(long)]
     pub edge: bool,
+    /// Run the disaggregation experiment instead (co-located vs always-split vs
+    /// conditional split; TTFT and inter-token latency, see `sim::disagg`). Uses `--seed`.
+    #[arg(long)]
+    pub disagg: bool,
 
     /// Backends (engines).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -287,6 +291,9 @@ struct Batch {
 pub fn run(args: &SimArgs) -> String {
     if args.edge {
         return super::edge::report(args.seed, args.backends as usize);
+    }
+    if args.disagg {
+        return super::disagg::report(args.seed);
     }
     let base = args.sim_config();
     let policies = args.policies();

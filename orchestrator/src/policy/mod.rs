@@ -93,10 +93,14 @@ pub enum Reason {
     NoMatch,
     /// The request's session is bound to this backend and it had room.
     SessionAffinity,
+    /// A split model's request went to a prefill/decode pair ([`crate::disagg`]).
+    DisaggSplit,
+    /// A split model's request was served whole on one backend ([`crate::disagg`]).
+    DisaggLocal,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 13] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::LeastLoaded,
@@ -108,6 +112,8 @@ impl Reason {
         Reason::FallbackLeastLoaded,
         Reason::NoMatch,
         Reason::SessionAffinity,
+        Reason::DisaggSplit,
+        Reason::DisaggLocal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +129,8 @@ impl Reason {
             Reason::FallbackLeastLoaded => "fallback-least-loaded",
             Reason::NoMatch => "no-match",
             Reason::SessionAffinity => "session-affinity",
+            Reason::DisaggSplit => "disagg-split",
+            Reason::DisaggLocal => "disagg-local",
         }
     }
 }

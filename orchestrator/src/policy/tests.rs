@@ -38,6 +38,8 @@ fn reason_strings() {
             "fallback-least-loaded",
             "no-match",
             "session-affinity",
+            "disagg-split",
+            "disagg-local",
         ]
     );
 }
