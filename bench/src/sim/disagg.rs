@@ -280,7 +280,7 @@ pub fn report(seed: u64) -> String {
         out,
         "| rate (req/s) | mode | split | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) |\n|---:|---|---:|---:|---:|---:|---:|"
     );
-    for rate in [4.0, 6.0, 8.0] {
+    for rate in [10.0, 20.0, 30.0] {
         for mode in [Mode::Colocated, Mode::AlwaysSplit, Mode::Conditional] {
             let mut o = run(mode, seed, requests, rate);
             let _ = writeln!(
@@ -317,8 +317,8 @@ mod tests {
 
     #[test]
     fn splitting_removes_prefill_interference_from_decode() {
-        let mut co = run(Mode::Colocated, 1, 1000, 6.0);
-        let mut split = run(Mode::AlwaysSplit, 1, 1000, 6.0);
+        let mut co = run(Mode::Colocated, 1, 1000, 20.0);
+        let mut split = run(Mode::AlwaysSplit, 1, 1000, 20.0);
         assert!(percentile(&mut split.itl_ns, 0.99) < percentile(&mut co.itl_ns, 0.99));
     }
 }
