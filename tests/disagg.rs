@@ -338,6 +338,38 @@ fn decode_failure_retries_with_fresh_prefill(io: &str) {
 }
 both_drivers!(decode_failure_retries_with_fresh_prefill);
 
+/// A decode engine that sends nothing within the decode leg's first-byte timeout
+/// (a stalled KV transfer): a fresh prefill and the other decode engine.
+fn decode_timeout_moves_on(io: &str) {
+    let prefill = vec![engine(io, Role::Prefill, Protocol::Vllm, |_| {})];
+    let decode = vec![
+        engine(io, Role::Decode, Protocol::Vllm, |c| {
+            c.spike_rate = 1.0;
+            c.spike = Duration::from_secs(3);
+        }),
+        engine(io, Role::Decode, Protocol::Vllm, |_| {}),
+    ];
+    let p = pool(
+        io,
+        Protocol::Vllm,
+        prefill,
+        decode,
+        "mode = \"always\"\ndecode_first_byte_timeout_ms = 300",
+        "",
+    );
+    let mut c = Client::connect(p.gw.local_addr());
+    let r = c.post("/v1/chat/completions", &chat_body("stall", true), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-router-decode"), Some("decode-1"));
+    assert_eq!(served(&p.prefill[0]), 2.0, "a fresh prefill for the retry");
+    let m = c.get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_disagg_leg_failures_total{leg=\"decode\"}"),
+        Some(1.0)
+    );
+}
+both_drivers!(decode_timeout_moves_on);
+
 /// Handed-off blocks that expired before the decode engine pulls them: the decode
 /// engine refuses (400), the gateway retries with fresh prefills, and after the last
 /// attempt the client gets the engine's refusal.
