@@ -12,13 +12,14 @@
 //! Both legs carry the client's `X-Request-Id`. A prefill answer without
 //! `kv_transfer_params` (connectors that find KV by prompt, such as vLLM's example
 //! connector or LMCache) makes the decode leg the client's request as is.
-//! Failures: a prefill leg that fails (connect error, 5xx, timeout) moves to another prefill
-//! server, at most `prefill_attempts` in all, then to local serving if
-//! `local_fallback` allows; a decode leg that fails before its first byte (a 4xx too:
+//!
+//! Failures: a prefill leg that fails (connect error, 5xx, timeout) moves to another
+//! prefill server, at most `prefill_attempts` in all, then to local serving if
+//! `local_fallback` allows. A decode leg that fails before its first byte (a 4xx too:
 //! a refused KV hand-off) is retried with a fresh prefill (on another decode server
-//! unless it was a refusal), at most `decode_attempts` in all; after its first byte the stream ends with an SSE error
-//! event (as for whole requests), never with replayed tokens. Each leg has its own
-//! timeout.
+//! unless it was a refusal), at most `decode_attempts` in all. After its first byte
+//! the stream ends with an SSE error event (as for whole requests), never with
+//! replayed tokens. Each leg has its own timeout.
 
 mod body;
 mod pair;
