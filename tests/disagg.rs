@@ -573,3 +573,71 @@ fn healthy_pool_with(io: &str, extra: &str) -> Pool {
         .collect();
     pool(io, Protocol::Vllm, prefill, decode, "", extra)
 }
+
+/// A prefill engine that refuses the request itself (a 4xx): the client gets that
+/// answer, with the pair in the headers, and no decode leg runs.
+fn prefill_refusal_is_relayed(io: &str) {
+    let body =
+        r#"{"error":{"message":"bad prompt","type":"BadRequestError","param":null,"code":400}}"#;
+    let refusing = ScriptedUpstream::start(Script::Reply(vec![format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()]));
+    let decode = engine(io, Role::Decode, Protocol::Vllm, |_| {});
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\nio = \"{io}\"\n[models.sim.disagg]\nprotocol = \"vllm\"\nmode = \"always\"\n\
+         [[backends]]\nid = \"prefill-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"prefill\"\n\
+         [[backends]]\nid = \"decode-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"decode\"\n",
+        refusing.url(),
+        decode.url()
+    );
+    let gw = Gateway::start(radixgate::config::Config::from_toml(&toml).unwrap()).unwrap();
+    let r =
+        Client::connect(gw.local_addr()).post("/v1/chat/completions", &chat_body("x", true), &[]);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.text(), body);
+    assert_eq!(r.header("x-router-prefill"), Some("prefill-0"));
+    assert_eq!(refusing.seen().len(), 1);
+    let sent: serde_json::Value = serde_json::from_slice(&refusing.seen()[0].body).unwrap();
+    assert_eq!(sent["max_tokens"], 1);
+    assert_eq!(sent["stream"], false);
+    assert_eq!(served(&decode), 0.0);
+}
+both_drivers!(prefill_refusal_is_relayed);
+
+/// Every decode engine fails before its first byte: with `local_fallback` the
+/// request is served whole on a `both` backend.
+fn decode_failure_falls_back_local(io: &str) {
+    let both = start_engine(io, EngineConfig::instant("sim"));
+    let prefill = vec![engine(io, Role::Prefill, Protocol::Vllm, |_| {})];
+    let decode = vec![engine(io, Role::Decode, Protocol::Vllm, |c| {
+        c.fail_rate = 1.0
+    })];
+    let extra = format!(
+        "[[backends]]\nid = \"both-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\n",
+        both.url()
+    );
+    let p = pool(
+        io,
+        Protocol::Vllm,
+        prefill,
+        decode,
+        "mode = \"always\"",
+        &extra,
+    );
+    let mut c = Client::connect(p.gw.local_addr());
+    let r = c.post("/v1/chat/completions", &chat_body("fallback", false), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-router-reason"), Some("disagg-local"));
+    assert_eq!(served(&both), 1.0);
+    let m = c.get("/metrics").text();
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_disagg_requests_total{mode=\"local\",reason=\"decode_failed\"}"
+        ),
+        Some(1.0)
+    );
+}
+both_drivers!(decode_failure_falls_back_local);

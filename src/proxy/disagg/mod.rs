@@ -257,7 +257,7 @@ async fn vllm(
         Ok((200, answer)) => body::transfer_params(&answer),
         // The request itself was refused: the decode side would refuse it too.
         Ok((status, answer)) if status < 500 => {
-            let keep = relay(shard, client, req, prefill, status, &answer).await;
+            let keep = relay(shard, client, req, decode, status, &answer).await;
             return Split::Done(keep, Usage::default());
         }
         Ok((status, _)) => {
@@ -484,7 +484,8 @@ async fn decode_leg(
     }
 }
 
-/// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client.
+/// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client,
+/// with the headers of the pair's decode `route`, counted against the prefill backend.
 async fn relay(
     shard: &Shard,
     client: &mut TcpStream,
@@ -494,7 +495,7 @@ async fn relay(
     body: &[u8],
 ) -> bool {
     shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: Some(route.pick.backend),
+        backend: Some(route.prefill.unwrap_or(route.pick.backend)),
         status,
         reason: route.pick.reason.as_str(),
     });
