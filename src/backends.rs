@@ -13,7 +13,7 @@
 //! coordinator builds a new one for every change and publishes it inside the fleet
 //! snapshot, so shards swap all of it at once.
 
-use crate::config::{BackendConfig, Config};
+use crate::config::{BackendConfig, Config, DisaggConfig};
 use crate::openai::ModelTable;
 use radixgate_orchestrator::PolicyConfig;
 use std::sync::Arc;
@@ -166,6 +166,8 @@ pub struct LiveConfig {
     pub config: Config,
     pub backends: BackendTable,
     pub policy: PolicyConfig,
+    /// `split[model]`: the model's split-pool settings, `None` when served whole.
+    pub split: Vec<Option<Arc<DisaggConfig>>>,
 }
 
 impl LiveConfig {
@@ -176,11 +178,23 @@ impl LiveConfig {
             hash_virtual_nodes: config.routing.hash_virtual_nodes,
             prefix: config.routing.prefix_aware.clone(),
         };
+        let split = backends
+            .models()
+            .names()
+            .iter()
+            .map(|m| config.split_models.get(m).cloned())
+            .collect();
         Self {
             config,
             backends,
             policy,
+            split,
         }
+    }
+
+    /// The model's split-pool settings, if it is served by one.
+    pub fn split(&self, model: usize) -> Option<&Arc<DisaggConfig>> {
+        self.split.get(model).and_then(|s| s.as_ref())
     }
 
     /// The configuration as started: every backend in its config order.
@@ -206,6 +220,8 @@ mod tests {
             upstream_auth: None,
             kv_events: None,
             capabilities: Default::default(),
+            role: Default::default(),
+            bootstrap_port: None,
         }
     }
 

@@ -8,9 +8,11 @@
 
 use crate::chat_template::ChatTemplate;
 mod admission;
+mod disagg;
 mod workflows;
 
 pub use admission::{AdmissionConfig, TierConfig};
+pub use disagg::{check_backend as check_backend_role, DisaggConfig, Protocol, Role, SplitModels};
 use radixgate_orchestrator::PolicyName;
 use serde::Deserialize;
 use std::fmt;
@@ -56,6 +58,9 @@ struct ConfigFile {
     workflows: workflows::WorkflowsWire,
     #[serde(default)]
     backends: Vec<BackendWire>,
+    /// `[models.<name>]`: per-model settings (today: `disagg`, a split pool).
+    #[serde(default)]
+    models: std::collections::BTreeMap<String, disagg::ModelWire>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -419,6 +424,14 @@ struct BackendWire {
     /// image or audio content parts go only to backends that list them.
     #[serde(default = "default_capabilities")]
     capabilities: Vec<String>,
+    /// "both" (default): serves whole requests. "prefill" / "decode": one side of the
+    /// split pool of models with a `[models.<name>.disagg]` table.
+    #[serde(default = "default_role")]
+    role: String,
+    /// SGLang prefill backends: the port of the engine's bootstrap server
+    /// (`--disaggregation-bootstrap-port`), sent to decode servers as `bootstrap_port`.
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
 }
 
 /// Chat body members radixgate reads itself: `routing.rag_field` may not shadow them.
@@ -437,6 +450,10 @@ const KNOWN_BODY_FIELDS: [&str; 10] = [
 
 fn default_capabilities() -> Vec<String> {
     vec!["text".into()]
+}
+
+fn default_role() -> String {
+    "both".into()
 }
 
 fn default_cache_blocks() -> usize {
@@ -556,6 +573,10 @@ pub struct BackendConfig {
     pub kv_events: Option<String>,
     /// Modalities the backend's model accepts (`backends[].capabilities`).
     pub capabilities: radixgate_orchestrator::Capabilities,
+    /// Its part in a split prefill/decode pool.
+    pub role: Role,
+    /// SGLang prefill backends: the bootstrap server's port.
+    pub bootstrap_port: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -574,6 +595,8 @@ pub struct Config {
     pub workflows: WorkflowsConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
+    /// Models served by split prefill/decode pools (`[models.<name>.disagg]`).
+    pub split_models: SplitModels,
     /// The file this config was loaded from (what a reload re-reads); `None` when it
     /// came from a string.
     pub source: Option<std::path::PathBuf>,
@@ -714,7 +737,10 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
             (SocketAddr::from(([127, 0, 0, 1], 0)), String::new())
         }
     };
+    let role = disagg::validate_role(&b.role, b.bootstrap_port, at, errors);
     BackendConfig {
+        role,
+        bootstrap_port: b.bootstrap_port,
         id: b.id,
         addr,
         host,
@@ -985,6 +1011,13 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         }
         backends.push(validate_backend(b, &format!("backends[{i}]"), errors));
     }
+    let split_models = disagg::validate_models(wire.models, errors);
+    for (i, b) in backends.iter().enumerate() {
+        disagg::check_backend(b, &split_models, &format!("backends[{i}]"), errors);
+    }
+    if !backends.is_empty() {
+        disagg::check_pools(&split_models, &backends, errors);
+    }
     let rw = wire.retry;
     let max_attempts = NonZeroU32::new(rw.max_attempts).unwrap_or_else(|| {
         errors.push("retry.max_attempts: must be at least 1".into());
@@ -1130,6 +1163,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         workflows,
         tenants,
         backends,
+        split_models,
         source: None,
     }
 }

@@ -276,6 +276,8 @@ impl Coordinator {
             "url": format!("http://{}", cfg.host),
             "models": cfg.models,
             "capabilities": cfg.capabilities.names().collect::<Vec<_>>(),
+            "role": cfg.role.as_str(),
+            "bootstrap_port": cfg.bootstrap_port,
             "healthy": self.healthy[b],
             "breaker": self.breakers[b].state().as_str(),
             "in_flight": in_flight,

@@ -1,7 +1,7 @@
 //! The `radixgate` command: `serve`, `check-config`, `demo` and `engine-sim`.
 
 use clap::{Parser, Subcommand};
-use radixgate::config::{Config, IoMode};
+use radixgate::config::{Config, IoMode, Protocol, Role};
 use radixgate::engine_sim::{self, EngineConfig};
 use radixgate::runtime::Driver;
 use std::net::SocketAddr;
@@ -39,6 +39,10 @@ enum Command {
         /// Routing policy (prefix_aware, round_robin, random, least_loaded, consistent_hash).
         #[arg(long, default_value = "prefix_aware")]
         policy: String,
+        /// Two prefill and two decode engines with the gateway in split mode, speaking
+        /// the given hand-off protocol (vllm or sglang).
+        #[arg(long, value_name = "PROTOCOL", num_args = 0..=1, default_missing_value = "vllm")]
+        disagg: Option<String>,
     },
     /// Run one simulated vLLM-compatible engine.
     EngineSim(EngineArgs),
@@ -96,9 +100,28 @@ struct EngineArgs {
     /// or simulating anything (proxy benchmarks).
     #[arg(long)]
     fixed_response: bool,
+    /// Part in a split pool: both (whole requests), prefill or decode.
+    #[arg(long, default_value = "both")]
+    role: String,
+    /// Hand-off protocol of a prefill or decode engine: vllm or sglang.
+    #[arg(long, default_value = "vllm")]
+    protocol: String,
+    /// SGLang prefill engines: the bootstrap server's port.
+    #[arg(long)]
+    bootstrap_port: Option<u16>,
     /// I/O driver: auto, io_uring or epoll.
     #[arg(long, default_value = "auto")]
     io: String,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    match s {
+        "vllm" => Ok(Protocol::Vllm),
+        "sglang" => Ok(Protocol::Sglang),
+        other => Err(format!(
+            "unknown protocol `{other}`; expected vllm or sglang"
+        )),
+    }
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the configured level.
@@ -203,9 +226,21 @@ fn main() -> ExitCode {
             gateway.shutdown();
             ExitCode::SUCCESS
         }
-        Command::Demo { listen, policy } => {
+        Command::Demo {
+            listen,
+            policy,
+            disagg,
+        } => {
             init_logging("info", false);
-            let demo = match radixgate::demo::start(listen, &policy) {
+            let protocol = match disagg.as_deref().map(parse_protocol) {
+                None => None,
+                Some(Ok(p)) => Some(p),
+                Some(Err(e)) => {
+                    eprintln!("--disagg: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let demo = match radixgate::demo::start(listen, &policy, protocol) {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("radixgate demo: could not start: {e}");
@@ -213,7 +248,10 @@ fn main() -> ExitCode {
                 }
             };
             let addr = demo.gateway.local_addr();
-            println!("radixgate demo: gateway on http://{addr} in front of 3 simulated engines (model \"sim\")");
+            match protocol {
+                None => println!("radixgate demo: gateway on http://{addr} in front of 3 simulated engines (model \"sim\")"),
+                Some(p) => println!("radixgate demo: gateway on http://{addr} in front of 2 prefill + 2 decode simulated engines ({} protocol, model \"sim\")", p.as_str()),
+            }
             for e in &demo.engines {
                 println!("  engine {}", e.url());
             }
@@ -250,10 +288,35 @@ fn main() -> ExitCode {
                 refuse_rate: a.refuse_rate,
                 seed: a.seed,
                 fixed_response: a.fixed_response,
+                disagg: None,
+                bootstrap_port: a.bootstrap_port,
             };
+            let role = match Role::parse(&a.role) {
+                Some(r) => r,
+                None => {
+                    eprintln!(
+                        "--role: unknown role `{}`; expected both, prefill or decode",
+                        a.role
+                    );
+                    return ExitCode::FAILURE;
+                }
+            };
+            let mut cfg = cfg;
+            if role != Role::Both {
+                match parse_protocol(&a.protocol) {
+                    Ok(p) => cfg.disagg = Some(engine_sim::SimDisagg::new(role, p)),
+                    Err(e) => {
+                        eprintln!("--protocol: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             match engine_sim::start(cfg, a.listen, Driver::resolve(io)) {
                 Ok(engine) => {
                     println!("engine-sim listening on {}", engine.url());
+                    if let Some(b) = engine.bootstrap_addr() {
+                        println!("engine-sim bootstrap server on {b}");
+                    }
                     wait_for_signals(None);
                     engine.stop();
                     ExitCode::SUCCESS

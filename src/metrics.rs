@@ -4,6 +4,10 @@
 //! no locks). A `/metrics` scrape on any shard asks every shard for a copy over its
 //! command channel, merges the copies and renders Prometheus text.
 
+mod disagg;
+
+pub use disagg::DisaggMetrics;
+
 use crate::engine_metrics::EngineLoad;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -103,6 +107,8 @@ pub struct ShardMetrics {
     pub queue_wait: Histogram,
     /// Filled in when collected: requests in this shard's edge queue.
     pub queue_depth: u64,
+    /// Split prefill/decode serving.
+    pub disagg: DisaggMetrics,
 }
 
 impl ShardMetrics {
@@ -170,6 +176,7 @@ impl ShardMetrics {
             *self.admission.entry(*k).or_insert(0) += v;
         }
         self.queue_wait.merge(&other.queue_wait);
+        self.disagg.merge(&other.disagg);
         for (a, b) in [
             (&mut self.predicted_cached, &other.predicted_cached),
             (&mut self.reported_cached, &other.reported_cached),
@@ -462,6 +469,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         );
     }
     render_admission(&mut out, &merged, shards, g);
+    merged.disagg.render(&mut out);
     header(
         &mut out,
         "radixgate_auth_failures_total",

@@ -8,7 +8,7 @@
 //!   changed `capabilities` list too — or replaced when `url` changed), `routing.policy`, `routing.allow_policy_header`,
 //!   `routing.hash_load_factor`, `routing.hash_virtual_nodes`,
 //!   `routing.prefix_aware.*`, `routing.rag_chunk_weight`, `[upstream]`, `[health]`,
-//!   `[retry]`, `[breaker]`;
+//!   `[retry]`, `[breaker]`, `[models.*]` (split pools);
 //! - restart only (reported under `restart_required` and left as running): every
 //!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`,
 //!   `routing.block_bytes`, `routing.hashing`, `routing.tokenizer`,
@@ -311,6 +311,13 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     config.retry = new.retry.clone();
     config.breaker = new.breaker.clone();
     config.backends = new.backends.clone();
+    diff(
+        &mut changed,
+        "models",
+        &running.split_models,
+        &new.split_models,
+    );
+    config.split_models = new.split_models.clone();
     config.source = new.source.clone().or(config.source);
     ReloadPlan {
         config,
@@ -331,6 +338,8 @@ pub fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
         && a.cache_blocks == b.cache_blocks
         && a.upstream_auth == b.upstream_auth
         && a.capabilities == b.capabilities
+        && a.role == b.role
+        && a.bootstrap_port == b.bootstrap_port
 }
 
 /// Loads and validates `source` (the file the gateway started with) and has the

@@ -125,7 +125,7 @@ both_drivers!(follow_ups_about_an_image_meet_its_engine);
 
 fn capabilities_through_the_admin_api(io: &str) {
     const TOKEN: &str = "workload-admin-token-0123456789";
-    let token_file = temp_file("workload-admin-token", &format!("{TOKEN}\n"));
+    let token_file = temp_file(&format!("workload-admin-token-{io}"), &format!("{TOKEN}\n"));
     let (_engines, gw) = fleet(
         io,
         &[("text0", r#""text""#)],

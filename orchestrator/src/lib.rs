@@ -12,6 +12,7 @@
 pub mod admission;
 pub mod breaker;
 pub mod dag;
+pub mod disagg;
 pub mod engine_cache;
 pub mod index;
 pub mod media;
@@ -24,6 +25,7 @@ pub mod route;
 
 pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
+pub use disagg::{DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
 pub use engine_cache::EngineCache;
 pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
 pub use media::{Capabilities, MediaNeeds};

@@ -22,6 +22,15 @@ impl Coordinator {
     /// `POST /admin/backends`: a new backend, healthy until its checks say otherwise
     /// (as every backend is at start-up), routable on every shard at once.
     pub(super) fn on_add(&mut self, backend: BackendConfig) -> Result<Value, GatewayError> {
+        let mut errors = Vec::new();
+        let split = &self.live.config.split_models;
+        crate::config::check_backend_role(&backend, split, "backend", &mut errors);
+        if !errors.is_empty() {
+            return Err(GatewayError::new(
+                ErrorKind::InvalidConfig,
+                format!("invalid backend: {}", errors.join("; ")),
+            ));
+        }
         let mut table = self.live.backends.clone();
         let id = backend.id.clone();
         let slot = self.add_slot(&mut table, backend)?;

@@ -1,6 +1,7 @@
 //! The simulated engine's request handling: vLLM's endpoints, the batch and queue,
 //! and the OpenAI response shapes (plain JSON and SSE) with `cached_tokens`.
 
+use super::disagg::{self as kv, Handoffs, Leg};
 use super::{EngineConfig, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
@@ -14,6 +15,7 @@ use radixgate_orchestrator::{EngineCache, PromptHasher};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -49,6 +51,12 @@ pub struct Engine {
     fixed_body: Vec<u8>,
     /// Open connections, closed for real when the engine stops.
     pub conns: Rc<OpenConnections>,
+    /// Where it listens (named in the `kv_transfer_params` it hands out).
+    addr: SocketAddr,
+    /// Its engine id in `kv_transfer_params`.
+    engine_id: String,
+    /// Blocks and rooms held for decode engines (split pools).
+    handoffs: RefCell<Handoffs>,
 }
 
 /// A batch slot; dropping it hands the slot to the next waiter, or frees it.
@@ -72,7 +80,7 @@ impl Drop for Slot<'_> {
 }
 
 impl Engine {
-    pub fn new(config: EngineConfig) -> Rc<Engine> {
+    pub fn new(config: EngineConfig, addr: SocketAddr) -> Rc<Engine> {
         let block_bytes = NonZeroUsize::new(config.block_tokens.max(1) * BYTES_PER_TOKEN)
             .unwrap_or(NonZeroUsize::MIN);
         Rc::new(Engine {
@@ -88,6 +96,9 @@ impl Engine {
             next_id: Cell::new(0),
             fixed_body: fixed_body(&config.model),
             conns: Rc::default(),
+            addr,
+            engine_id: format!("sim-{}-{}", config.seed, addr.port()),
+            handoffs: RefCell::default(),
             config,
         })
     }
@@ -161,6 +172,7 @@ impl Engine {
                     )
                     .await
                 }
+                ("/kv/pull" | "/kv/room", Method::Post) => self.hand_off(&mut conn).await,
                 ("/v1/chat/completions", Method::Post) => {
                     self.generate(&mut conn, Endpoint::ChatCompletions).await
                 }
@@ -272,6 +284,42 @@ impl Engine {
             )
             .await;
         }
+        let leg = match &self.config.disagg {
+            Some(d) => kv::leg(d.role, d.protocol, &conn.body),
+            None => Ok(Leg::Whole),
+        };
+        let mut transfer = None;
+        let leg = match leg {
+            Ok(Leg::Decode(pull)) => {
+                let d = self
+                    .config
+                    .disagg
+                    .as_ref()
+                    .map(|d| d.hold)
+                    .unwrap_or_default();
+                match kv::pull(&pull, &conn.head.request_id, d).await {
+                    Ok(tokens) => {
+                        transfer = Some(tokens);
+                        Leg::Decode(pull)
+                    }
+                    Err(e) => {
+                        self.counters.borrow_mut().requests_failed += 1;
+                        return reply_error(
+                            conn,
+                            400,
+                            &format!("KV transfer failed: {e}"),
+                            keep_alive,
+                        )
+                        .await;
+                    }
+                }
+            }
+            Ok(leg) => leg,
+            Err(e) => {
+                self.counters.borrow_mut().requests_failed += 1;
+                return reply_error(conn, 400, &e, keep_alive).await;
+            }
+        };
         let Some(_slot) = self.admit(blocks.len()).await else {
             self.counters.borrow_mut().requests_failed += 1;
             return reply_error(conn, 503, "the engine's waiting queue is full", keep_alive).await;
@@ -291,7 +339,11 @@ impl Engine {
             c.prompt_tokens += prompt_tokens;
             c.cached_tokens += cached_tokens;
         }
-        let mut delay = self.config.prefill_per_token * (prompt_tokens - cached_tokens) as u32;
+        let mut delay = match (transfer, &self.config.disagg) {
+            // Handed-over KV: the transfer instead of the prefill.
+            (Some(tokens), Some(d)) => d.transfer_time(tokens),
+            _ => self.config.prefill_per_token * (prompt_tokens - cached_tokens) as u32,
+        };
         if self.chance(self.config.spike_rate) {
             delay += self.config.spike;
         }
@@ -299,7 +351,12 @@ impl Engine {
             monoio::time::sleep(delay).await;
         }
 
-        let max_tokens = facts.max_tokens.unwrap_or(self.config.default_max_tokens);
+        let prefill_leg = matches!(leg, Leg::VllmPrefill | Leg::SglangPrefill { .. });
+        let max_tokens = if prefill_leg {
+            1
+        } else {
+            facts.max_tokens.unwrap_or(self.config.default_max_tokens)
+        };
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let usage = Usage {
@@ -307,7 +364,25 @@ impl Engine {
             completion: max_tokens,
             cached: cached_tokens,
         };
-        let ok = if facts.stream {
+        let hold = self
+            .config
+            .disagg
+            .as_ref()
+            .map(|d| d.hold)
+            .unwrap_or_default();
+        let ok = if let Leg::VllmPrefill = leg {
+            let ids = self.handoffs.borrow_mut().hold(
+                prompt_tokens,
+                self.config.block_tokens,
+                &conn.head.request_id,
+                hold,
+            );
+            let params = kv::transfer_params(&self.engine_id, &ids, self.addr);
+            let mut body = full_body(endpoint, &self.config.model, id, &usage);
+            body.pop(); // the closing brace
+            let _ = write!(Utf8Vec(&mut body), ",\"kv_transfer_params\":{params}}}");
+            reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+        } else if facts.stream {
             let abort_at = self
                 .chance(self.config.abort_rate)
                 .then_some(max_tokens / 2);
@@ -318,6 +393,11 @@ impl Engine {
             let body = full_body(endpoint, &self.config.model, id, &usage);
             reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
         };
+        if let (Leg::SglangPrefill { room }, true) = (&leg, ok) {
+            self.handoffs
+                .borrow_mut()
+                .publish(*room, prompt_tokens, hold);
+        }
         let mut c = self.counters.borrow_mut();
         if ok {
             c.requests_ok += 1;
@@ -326,6 +406,50 @@ impl Engine {
             c.requests_failed += 1;
         }
         ok
+    }
+
+    /// `/kv/pull` (vLLM: hand held blocks over) and `/kv/room` (SGLang: wait for a
+    /// room's prefill), asked by decode engines.
+    async fn hand_off(&self, conn: &mut ClientConn) -> bool {
+        let keep_alive = conn.head.keep_alive;
+        let v: serde_json::Value = serde_json::from_slice(&conn.body).unwrap_or_default();
+        let result = if conn.head.route_path() == "/kv/pull" {
+            let ids: Vec<u64> = v["block_ids"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|b| b.as_u64()).collect())
+                .unwrap_or_default();
+            if v["engine_id"].as_str() != Some(&self.engine_id) {
+                Err("unknown engine id".to_string())
+            } else {
+                let rid = v["request_id"].as_str().unwrap_or_default();
+                self.handoffs.borrow_mut().take(&ids, rid)
+            }
+        } else {
+            let room = v["room"].as_u64().unwrap_or(u64::MAX);
+            let joined = self.handoffs.borrow_mut().join(room);
+            match joined {
+                Ok(tokens) => Ok(tokens),
+                Err(rx) => {
+                    let wait = self
+                        .config
+                        .disagg
+                        .as_ref()
+                        .map(|d| d.hold)
+                        .unwrap_or_default();
+                    match monoio::time::timeout(wait, rx.recv_async()).await {
+                        Ok(Ok(tokens)) => Ok(tokens),
+                        _ => Err(format!("no prefill for room {room}")),
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(tokens) => {
+                let body = format!("{{\"tokens\":{tokens}}}").into_bytes();
+                reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+            }
+            Err(e) => reply_error(conn, 404, &e, keep_alive).await,
+        }
     }
 
     /// Waits for a batch slot; `None` when the waiting queue is full.
@@ -594,9 +718,14 @@ async fn reply_error(conn: &mut ClientConn, status: u16, message: &str, keep_ali
     let mut body = Vec::new();
     body.extend_from_slice(b"{\"error\":{\"message\":");
     crate::error::write_json_string(&mut body, message);
+    let kind = match status {
+        400 => "BadRequestError",
+        404 => "NotFoundError",
+        _ => "ServiceUnavailableError",
+    };
     let _ = write!(
         Utf8Vec(&mut body),
-        ",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":{status}}}}}"
+        ",\"type\":\"{kind}\",\"param\":null,\"code\":{status}}}}}"
     );
     reply(
         &mut conn.stream,

@@ -18,7 +18,10 @@
 //! orchestrator's `PromptHasher`) at 4 bytes per token, cut into blocks of
 //! `block_tokens` tokens.
 
+mod disagg;
 mod handler;
+
+pub use disagg::SimDisagg;
 
 use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
 use std::io;
@@ -62,6 +65,11 @@ pub struct EngineConfig {
     /// parsing the request, modelling the cache or the batch (for proxy benchmarks,
     /// where the engine must cost as little as possible).
     pub fixed_response: bool,
+    /// Its part in a split prefill/decode pool (`None`: serves whole requests).
+    pub disagg: Option<SimDisagg>,
+    /// SGLang prefill engines: also serve the bootstrap endpoint on this port of the
+    /// listen address (0: an ephemeral one).
+    pub bootstrap_port: Option<u16>,
 }
 
 impl EngineConfig {
@@ -82,6 +90,8 @@ impl EngineConfig {
             refuse_rate: 0.0,
             seed: 1,
             fixed_response: false,
+            disagg: None,
+            bootstrap_port: None,
         }
     }
 
@@ -98,6 +108,7 @@ impl EngineConfig {
 /// A running simulated engine; stops when dropped.
 pub struct EngineHandle {
     addr: SocketAddr,
+    bootstrap: Option<SocketAddr>,
     stop: Option<flume::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -105,6 +116,11 @@ pub struct EngineHandle {
 impl EngineHandle {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bootstrap port's address (engines started with `bootstrap`).
+    pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
+        self.bootstrap
     }
 
     pub fn url(&self) -> String {
@@ -135,6 +151,14 @@ impl Drop for EngineHandle {
 pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Result<EngineHandle> {
     let listener = bind_reuseport(listen, driver)?;
     let addr = listener.local_addr()?;
+    let bootstrap_listener = match config.bootstrap_port {
+        Some(port) => Some(bind_reuseport(SocketAddr::new(listen.ip(), port), driver)?),
+        None => None,
+    };
+    let bootstrap = match &bootstrap_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     let (stop_tx, stop_rx) = flume::bounded::<()>(1);
     let thread = std::thread::Builder::new()
         .name(format!("radixgate-engine-{}", addr.port()))
@@ -150,18 +174,35 @@ pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Re
                 let Ok(listener) = monoio::net::TcpListener::from_std(listener) else {
                     return;
                 };
-                let engine = handler::Engine::new(config);
+                let engine = handler::Engine::new(config, addr);
                 let conns = engine.conns.clone();
+                let boot =
+                    bootstrap_listener.and_then(|l| monoio::net::TcpListener::from_std(l).ok());
+                let serve_boot = {
+                    let engine = engine.clone();
+                    let boot = boot.as_ref();
+                    async move {
+                        match boot {
+                            Some(l) => engine.serve(l).await,
+                            None => std::future::pending().await,
+                        }
+                    }
+                };
                 monoio::select! {
                     _ = engine.serve(&listener) => {}
+                    _ = serve_boot => {}
                     _ = stop_rx.recv_async() => {}
                 }
                 stop_listening(&listener);
+                if let Some(l) = &boot {
+                    stop_listening(l);
+                }
                 conns.shutdown_all();
             });
         })?;
     Ok(EngineHandle {
         addr,
+        bootstrap,
         stop: Some(stop_tx),
         thread: Some(thread),
     })

@@ -15,7 +15,7 @@
 //! configured skip all of this (no index lookup, no cost).
 
 use super::queue::EdgeQueue;
-use super::route::fill_candidates;
+use super::route::{fill_candidates, Pool};
 use crate::config::TierConfig;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
@@ -141,6 +141,7 @@ impl Admission<'_> {
             &self.facts.media,
             None,
             &[],
+            Pool::Whole,
         );
         let candidates = shard.candidates.borrow();
         let estimate = shard.cost_model.best_estimate(&RouteInput {

@@ -105,6 +105,8 @@ pub async fn call(
         )),
         usage: UsageScanner::default(),
         status: 0,
+        retry_from_status: 500,
+        first_byte_timeout: None,
     };
     match exchange.fetch(request, max_bytes).await {
         Ok(body) => {

@@ -68,6 +68,12 @@ pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, re
     out.extend_from_slice(route.pick.reason.as_str().as_bytes());
     out.extend_from_slice(b"\r\nX-Router-Match-Blocks: ");
     out.extend_from_slice(itoa::Buffer::new().format(route.matched_blocks).as_bytes());
+    if let Some(prefill) = route.prefill {
+        out.extend_from_slice(b"\r\nX-Router-Prefill: ");
+        out.extend_from_slice(fleet.live.backends.id(prefill).as_bytes());
+        out.extend_from_slice(b"\r\nX-Router-Decode: ");
+        out.extend_from_slice(fleet.live.backends.id(route.pick.backend).as_bytes());
+    }
     out.extend_from_slice(b"\r\nX-Request-Id: ");
     out.extend_from_slice(request_id.as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -139,6 +145,11 @@ pub(super) struct Exchange<'s> {
     pub pending_prefill: Option<InFlightGuard<'s>>,
     pub usage: UsageScanner,
     pub status: u16,
+    /// With `may_retry`, statuses from this one up are retried (500; a decode leg
+    /// also retries a 4xx, a failed KV hand-off, with a fresh prefill).
+    pub retry_from_status: u16,
+    /// Overrides `upstream.first_byte_timeout` (a split request's per-leg timeouts).
+    pub first_byte_timeout: Option<std::time::Duration>,
 }
 
 impl Exchange<'_> {
@@ -168,7 +179,7 @@ impl Exchange<'_> {
             .await
             .map_err(Failure::Retryable)?;
         self.status = resp.status;
-        if may_retry && resp.status >= 500 {
+        if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
             return Err(Failure::Retryable(GatewayError::new(
                 ErrorKind::UpstreamProtocol,
@@ -280,9 +291,11 @@ impl Exchange<'_> {
         r.is_ok()
     }
 
-    /// Runs the attempt for a caller that wants the response whole (a workflow node):
-    /// returns the decoded body (chunk framing removed), watched for `usage` like a
-    /// streamed one. The connection goes back to the pool when it was read to the end.
+    /// Runs the attempt for a caller that wants the response whole (a workflow node, a
+    /// split request's prefill leg): returns the decoded body (chunk framing removed,
+    /// at most `max_bytes`), watched for `usage` like a streamed one; the status is in
+    /// `self.status`. Within the first-byte timeout for the head, then `idle_timeout`
+    /// between reads. The connection goes back to the pool when it was read to the end.
     pub async fn fetch(
         &mut self,
         request: Vec<u8>,
@@ -355,7 +368,10 @@ impl Exchange<'_> {
         let shard = self.shard;
         let upstream = shard.fleet.borrow().live.config.upstream.clone();
         let backend = shard.backend(self.backend);
-        let deadline = Instant::now() + upstream.first_byte_timeout;
+        let first_byte_timeout = self
+            .first_byte_timeout
+            .unwrap_or(upstream.first_byte_timeout);
+        let deadline = Instant::now() + first_byte_timeout;
         let mut buf = shard.take_buffer();
         let mut resp = ResponseHead::default();
         loop {
@@ -393,7 +409,7 @@ impl Exchange<'_> {
                             ErrorKind::UpstreamTimeout,
                             format!(
                                 "backend `{}` sent no response within {:?}",
-                                backend.id, upstream.first_byte_timeout
+                                backend.id, first_byte_timeout
                             ),
                         ))
                     }

@@ -10,6 +10,7 @@
 
 mod admit;
 pub mod call;
+mod disagg;
 mod exchange;
 pub mod queue;
 mod route;
@@ -55,6 +56,8 @@ struct Request<'a> {
     blocks: Option<Arc<[u64]>>,
     /// A RAG request's distinct chunk ids (empty otherwise).
     chunks: &'a [u64],
+    /// Replaces the policy's reason (a split model's request served whole).
+    reason: Option<radixgate_orchestrator::Reason>,
 }
 
 /// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
@@ -180,8 +183,18 @@ pub async fn forward(
         started,
         blocks,
         chunks,
+        reason: None,
     };
-    let (keep_open, usage) = attempt_all(shard, client, &request, upstream_body).await?;
+    let split = shard
+        .fleet
+        .borrow()
+        .live
+        .split(request.facts.model)
+        .cloned();
+    let (keep_open, usage) = match split {
+        Some(split) => disagg::forward(shard, client, &request, upstream_body, &split).await?,
+        None => attempt_all(shard, client, &request, upstream_body).await?,
+    };
     // Reconcile the tokens charged up front with what the engine reported.
     if let (Some(a), Some(prompt), Some(completion)) =
         (&admission, usage.prompt_tokens, usage.completion_tokens)
@@ -420,7 +433,7 @@ async fn attempt_all(
                 excluded_now,
             ),
         };
-        let route = match routed {
+        let mut route = match routed {
             Ok(r) => r,
             Err(e) => match previous {
                 Some((error, route)) => {
@@ -432,6 +445,9 @@ async fn attempt_all(
                 None => return Err(e),
             },
         };
+        if let Some(reason) = req.reason {
+            route.pick.reason = reason;
+        }
         if attempt == 1 {
             shard
                 .metrics
@@ -465,6 +481,8 @@ async fn attempt_all(
             )),
             usage: UsageScanner::default(),
             status: 0,
+            retry_from_status: 500,
+            first_byte_timeout: None,
         };
         let result = exchange
             .run(

@@ -3,6 +3,7 @@
 //! policy, and record the belief that the pick now holds the prompt — applied here at
 //! once and replicated through the coordinator, and rolled back if the attempt fails.
 
+use crate::config::Role;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
 use crate::openai::RequestFacts;
@@ -45,6 +46,8 @@ pub(super) struct Route {
     pub blocks: Option<Arc<[u64]>>,
     /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
     pub chunk_overlap: Option<(u32, u32)>,
+    /// A split request: the prefill backend (the pick is the decode backend).
+    pub prefill: Option<usize>,
 }
 
 impl Route {
@@ -71,7 +74,7 @@ impl Route {
     }
 }
 
-fn publish(shard: &Shard, op: IndexOp) {
+pub(super) fn publish(shard: &Shard, op: IndexOp) {
     shard.metrics.borrow_mut().index_events_published += 1;
     let _ = shard.shared.index_events.send(IndexEvent {
         origin_shard: shard.id,
@@ -80,10 +83,32 @@ fn publish(shard: &Shard, op: IndexOp) {
     });
 }
 
-/// Fills the shard's candidate scratch for `model`: the healthy, undrained backends
-/// whose breaker lets a request through, that accept the request's `media` (and not
-/// in `excluded`), with their load and the leading `blocks` each holds per this
-/// shard's index replica. 415 when no backend of the model accepts the media.
+/// Which of a model's backends a candidate list is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pool {
+    /// Whole requests: every role but `prefill`.
+    Whole,
+    /// A split request's prefill leg.
+    Prefill,
+    /// A split request's decode leg.
+    Decode,
+}
+
+impl Pool {
+    fn admits(self, role: Role) -> bool {
+        match self {
+            Pool::Whole => role != Role::Prefill,
+            Pool::Prefill => role == Role::Prefill,
+            Pool::Decode => role == Role::Decode,
+        }
+    }
+}
+
+/// Fills the shard's candidate scratch for `model`: the backends of `pool` that are
+/// healthy, undrained, whose breaker lets a request through, that accept the
+/// request's `media` (and not in `excluded`), with their load and the leading `blocks`
+/// each holds per this shard's index replica. 415 when no backend of the model accepts
+/// the media.
 pub(super) fn fill_candidates(
     shard: &Shard,
     blocks: &[u64],
@@ -91,6 +116,7 @@ pub(super) fn fill_candidates(
     media: &MediaNeeds,
     session_home: Option<usize>,
     excluded: &[usize],
+    pool: Pool,
 ) -> Result<(), GatewayError> {
     let shared = &shard.shared;
     shard.candidates.borrow_mut().clear();
@@ -133,6 +159,7 @@ pub(super) fn fill_candidates(
             && breaker_allows
             && !fleet.draining[b]
             && !excluded.contains(&b)
+            && pool.admits(live.backends.config(b).role)
         {
             let matched_blocks = matches.matched.get(b).copied().unwrap_or(0);
             candidates.push(Candidate {
@@ -184,6 +211,7 @@ pub(super) fn route(
         &facts.media,
         session_home,
         excluded,
+        Pool::Whole,
     )?;
     let fleet = shard.fleet.borrow();
     let live = &*fleet.live;
@@ -286,6 +314,7 @@ pub(super) fn route(
         alternatives: candidates.len() - 1,
         blocks: recorded,
         chunk_overlap,
+        prefill: None,
     })
 }
 

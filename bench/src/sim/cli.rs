@@ -139,6 +139,10 @@ pub struct SimArgs {
     /// `--seed`.
     #[arg(long)]
     pub scheduling: bool,
+    /// Run the disaggregation experiment instead (co-located vs always-split vs
+    /// conditional split; TTFT and inter-token latency, see `sim::disagg`). Uses `--seed`.
+    #[arg(long)]
+    pub disagg: bool,
 
     /// Backends (engines).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -301,6 +305,9 @@ pub fn run(args: &SimArgs) -> String {
     }
     if args.scheduling {
         return super::scheduling::report(args.seed);
+    }
+    if args.disagg {
+        return super::disagg::report(args.seed);
     }
     let base = args.sim_config();
     let policies = args.policies();

@@ -41,6 +41,7 @@ use crate::chat::HashedPrompt;
 use crate::workload::mix;
 
 pub mod cli;
+pub mod disagg;
 pub mod edge;
 pub mod engine;
 pub mod report;

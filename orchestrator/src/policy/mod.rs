@@ -104,10 +104,14 @@ pub enum Reason {
     /// A RAG request the policy would have routed by load went where most of its
     /// chunks were sent before ([`crate::rag::with_chunk_affinity`]).
     ChunkAffinity,
+    /// A split model's request went to a prefill/decode pair ([`crate::disagg`]).
+    DisaggSplit,
+    /// A split model's request was served whole on one backend ([`crate::disagg`]).
+    DisaggLocal,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 14] = [
         Reason::RoundRobin,
         Reason::Random,
         Reason::LeastLoaded,
@@ -120,6 +124,8 @@ impl Reason {
         Reason::NoMatch,
         Reason::SessionAffinity,
         Reason::ChunkAffinity,
+        Reason::DisaggSplit,
+        Reason::DisaggLocal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -136,6 +142,8 @@ impl Reason {
             Reason::NoMatch => "no-match",
             Reason::SessionAffinity => "session-affinity",
             Reason::ChunkAffinity => "chunk-affinity",
+            Reason::DisaggSplit => "disagg-split",
+            Reason::DisaggLocal => "disagg-local",
         }
     }
 }

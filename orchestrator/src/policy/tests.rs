@@ -39,6 +39,8 @@ fn reason_strings() {
             "no-match",
             "session-affinity",
             "chunk-affinity",
+            "disagg-split",
+            "disagg-local",
         ]
     );
 }

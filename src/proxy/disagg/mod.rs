@@ -1,0 +1,529 @@
+//! A request to a split model (`[models.<name>.disagg]`): pick a prefill/decode pair
+//! (or serve it whole, see [`pair`]), run the two legs in the model's protocol, and
+//! recover from a failed leg.
+//!
+//! - **vLLM**: the prefill leg (one token, not streamed, `kv_transfer_params` asking
+//!   for a remote decode) is read whole by the gateway; its `kv_transfer_params` go
+//!   into the client's request, which the decode leg streams to the client as asked.
+//! - **SGLang**: both legs at once with the prefill server's `bootstrap_host` and
+//!   `bootstrap_port` and one random `bootstrap_room`; the client reads the decode
+//!   leg, the prefill leg runs in its own task, is drained and checked.
+//!
+//! Both legs carry the client's `X-Request-Id`. A prefill answer without
+//! `kv_transfer_params` (connectors that find KV by prompt, such as vLLM's example
+//! connector or LMCache) makes the decode leg the client's request as is.
+//!
+//! Failures: a prefill leg that fails (connect error, 5xx, timeout) moves to another
+//! prefill server, at most `prefill_attempts` in all, then to local serving if
+//! `local_fallback` allows. A decode leg that fails before its first byte (a 4xx too:
+//! a refused KV hand-off) is retried with a fresh prefill (on another decode server
+//! unless it was a refusal), at most `decode_attempts` in all. After its first byte
+//! the stream ends with an SSE error event (as for whole requests), never with
+//! replayed tokens. Each leg has its own timeout.
+
+mod body;
+mod pair;
+
+use super::exchange::{router_headers, Exchange, Failure};
+use super::route::{ProbeGuard, Route};
+use super::{answer_error, attempt_all, log, write_upstream_head, Request, COALESCE_BODY};
+use crate::config::{DisaggConfig, Protocol};
+use crate::error::{ErrorKind, GatewayError};
+use crate::fleet::InFlightGuard;
+use crate::metrics::RequestKey;
+use crate::observe::{Usage, UsageScanner};
+use crate::shard::Shard;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use pair::Choice;
+use radixgate_orchestrator::{LocalWhy, Reason};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How one split attempt ended.
+enum Split {
+    /// A response reached the client (or the client left).
+    Done(bool, Usage),
+    /// The prefill leg failed; nothing reached the client.
+    PrefillFailed(GatewayError),
+    /// The decode leg failed before its first byte; nothing reached the client.
+    /// `refused`: it answered a 4xx (a refused hand-off), so the decode engine
+    /// itself may take a retry with a fresh prefill.
+    DecodeFailed { error: GatewayError, refused: bool },
+}
+
+/// Serves a request to a split model; see the module docs.
+pub(super) async fn forward(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    body: &[u8],
+    split: &DisaggConfig,
+) -> Result<(bool, Usage), GatewayError> {
+    let blocks: Arc<[u64]> = match &req.blocks {
+        Some(b) => b.clone(),
+        None => (*shard.prompt_blocks()).into(),
+    };
+    let mut excluded = Vec::new();
+    let (mut prefill_failures, mut decode_failures) = (0, 0);
+    // The failure that led to the current retry: the error, the pair's decode route
+    // (its headers name both ends) and the failed leg.
+    let mut last: Option<(GatewayError, Route, Leg)> = None;
+    loop {
+        let (prefill, decode) = match pair::choose(
+            shard,
+            &blocks,
+            req.facts.model,
+            &req.facts.media,
+            split,
+            &excluded,
+        ) {
+            Ok(Choice::Split { prefill, decode }) => (prefill, decode),
+            Ok(Choice::Local(why)) => {
+                let chosen = matches!(why, LocalWhy::SmallUncached | LocalWhy::PrefillBottleneck);
+                if chosen || split.local_fallback {
+                    let reason = match &last {
+                        Some((_, _, Leg::Prefill)) => "prefill_failed",
+                        Some((_, _, Leg::Decode)) => "decode_failed",
+                        None => why.as_str(),
+                    };
+                    return local(shard, client, req, body, blocks, reason).await;
+                }
+                let e = match last {
+                    Some((e, route, leg)) => {
+                        return answer(shard, client, req, &e, &route, leg).await
+                    }
+                    None => GatewayError::new(
+                        ErrorKind::NoHealthyBackend,
+                        format!(
+                            "no healthy {} backend for this split model",
+                            match why {
+                                LocalWhy::NoDecode => "decode",
+                                _ => "prefill",
+                            }
+                        ),
+                    ),
+                };
+                return Err(e);
+            }
+            Err(e) => match last {
+                Some((e, route, leg)) => return answer(shard, client, req, &e, &route, leg).await,
+                None => return Err(e),
+            },
+        };
+        let may_retry_decode = decode_failures + 1 < split.decode_attempts;
+        let _probe = ProbeGuard::enter(shard, &prefill);
+        let outcome = match split.protocol {
+            Protocol::Vllm => {
+                vllm(
+                    shard,
+                    client,
+                    req,
+                    body,
+                    split,
+                    &prefill,
+                    &decode,
+                    may_retry_decode,
+                )
+                .await
+            }
+            Protocol::Sglang => {
+                sglang(
+                    shard,
+                    client,
+                    req,
+                    body,
+                    split,
+                    &prefill,
+                    &decode,
+                    may_retry_decode,
+                )
+                .await
+            }
+        };
+        match outcome {
+            Split::Done(keep_open, usage) => {
+                shard.metrics.borrow_mut().disagg.count("split", "split");
+                return Ok((keep_open, usage));
+            }
+            Split::PrefillFailed(e) => {
+                shard.metrics.borrow_mut().disagg.fail("prefill");
+                prefill.roll_back(shard);
+                decode.roll_back(shard);
+                prefill_failures += 1;
+                excluded.push(prefill.pick.backend);
+                tracing::debug!(backend = %shard.backend_id(prefill.pick.backend), error = %e, "prefill leg failed");
+                if prefill_failures >= split.prefill_attempts {
+                    if split.local_fallback {
+                        return local(shard, client, req, body, blocks, "prefill_failed").await;
+                    }
+                    return answer(shard, client, req, &e, &decode, Leg::Prefill).await;
+                }
+                last = Some((e, decode, Leg::Prefill));
+            }
+            Split::DecodeFailed { error: e, refused } => {
+                shard.metrics.borrow_mut().disagg.fail("decode");
+                prefill.roll_back(shard);
+                decode.roll_back(shard);
+                decode_failures += 1;
+                if !refused {
+                    excluded.push(decode.pick.backend);
+                }
+                tracing::debug!(backend = %shard.backend_id(decode.pick.backend), error = %e, "decode leg failed; retrying with a fresh prefill");
+                if decode_failures >= split.decode_attempts {
+                    return answer(shard, client, req, &e, &decode, Leg::Decode).await;
+                }
+                last = Some((e, decode, Leg::Decode));
+            }
+        }
+    }
+}
+
+/// Serves the request whole on a `both` or `decode` backend, through the ordinary
+/// routing and failover, with `X-Router-Reason: disagg-local`.
+async fn local(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    body: &[u8],
+    blocks: Arc<[u64]>,
+    reason: &'static str,
+) -> Result<(bool, Usage), GatewayError> {
+    shard.metrics.borrow_mut().disagg.count("local", reason);
+    let whole = Request {
+        blocks: Some(blocks),
+        reason: Some(Reason::DisaggLocal),
+        ..*req
+    };
+    attempt_all(shard, client, &whole, body).await
+}
+
+#[derive(Clone, Copy)]
+enum Leg {
+    Prefill,
+    Decode,
+}
+
+/// Answers the failure of the last attempt's `leg`, with the headers of its pair's
+/// decode `route`. A decode leg's exchange was counted already; a prefill leg's is
+/// counted here, against the prefill backend.
+async fn answer(
+    shard: &Shard,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    e: &GatewayError,
+    route: &Route,
+    leg: Leg,
+) -> Result<(bool, Usage), GatewayError> {
+    if let (Leg::Prefill, Some(prefill)) = (leg, route.prefill) {
+        shard.metrics.borrow_mut().count_request(RequestKey {
+            backend: Some(prefill),
+            status: e.status(),
+            reason: route.pick.reason.as_str(),
+        });
+    }
+    let keep = answer_error(shard, client, e, route, req.head.keep_alive, req.request_id).await?;
+    Ok((keep, Usage::default()))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn vllm(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    body: &[u8],
+    split: &DisaggConfig,
+    prefill: &Route,
+    decode: &Route,
+    may_retry_decode: bool,
+) -> Split {
+    let p = prefill.pick.backend;
+    let leg_body = match body::vllm_prefill(body) {
+        Ok(b) => b,
+        Err(e) => return Split::PrefillFailed(e),
+    };
+    let mut request = shard.take_buffer();
+    write_upstream_head(
+        shard,
+        &mut request,
+        req.head,
+        leg_body.len(),
+        p,
+        req.request_id,
+    );
+    request.extend_from_slice(&leg_body);
+    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout).await {
+        // Connectors that find KV by prompt (vLLM's example connector, LMCache)
+        // return no parameters: the decode leg is then the client's request as is.
+        Ok((200, answer)) => body::transfer_params(&answer),
+        // The request itself was refused: the decode side would refuse it too.
+        Ok((status, answer)) if status < 500 => {
+            let keep = relay(shard, client, req, decode, status, &answer).await;
+            return Split::Done(keep, Usage::default());
+        }
+        Ok((status, _)) => {
+            return Split::PrefillFailed(GatewayError::new(
+                ErrorKind::UpstreamProtocol,
+                format!(
+                    "prefill backend `{}` answered {status}",
+                    shard.backend_id(p)
+                ),
+            ))
+        }
+        Err(e) => return Split::PrefillFailed(e),
+    };
+    let decode_body = match params {
+        Some(params) => body::vllm_decode(body, params),
+        None => Ok(body.to_vec()),
+    };
+    match decode_body {
+        Ok(b) => decode_leg(shard, client, req, decode, &b, split, may_retry_decode).await,
+        Err(e) => Split::PrefillFailed(e),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn sglang(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    body: &[u8],
+    split: &DisaggConfig,
+    prefill: &Route,
+    decode: &Route,
+    may_retry_decode: bool,
+) -> Split {
+    let p = prefill.pick.backend;
+    let backend = shard.backend(p);
+    let Some(port) = backend.bootstrap_port else {
+        return Split::PrefillFailed(GatewayError::new(
+            ErrorKind::InvalidConfig,
+            format!("prefill backend `{}` has no bootstrap_port", backend.id),
+        ));
+    };
+    // SGLang's rooms are u63.
+    let room = shard.rng.borrow_mut().u64(..) >> 1;
+    let leg_body = match body::sglang(body, backend.addr.ip(), port, room) {
+        Ok(b) => b,
+        Err(e) => return Split::PrefillFailed(e),
+    };
+    let mut request = shard.take_buffer();
+    write_upstream_head(
+        shard,
+        &mut request,
+        req.head,
+        leg_body.len(),
+        p,
+        req.request_id,
+    );
+    request.extend_from_slice(&leg_body);
+    let prefill_task = monoio::spawn(prefill_leg(
+        shard.clone(),
+        p,
+        request,
+        split.prefill_timeout,
+    ));
+    let outcome = decode_leg(
+        shard,
+        client,
+        req,
+        decode,
+        &leg_body,
+        split,
+        may_retry_decode,
+    )
+    .await;
+    let checked = match prefill_task.await {
+        Ok((200, _)) => Ok(()),
+        Ok((status, _)) => Err(GatewayError::new(
+            ErrorKind::UpstreamProtocol,
+            format!("prefill backend `{}` answered {status}", backend.id),
+        )),
+        Err(e) => Err(e),
+    };
+    match (outcome, checked) {
+        (Split::Done(keep, usage), Err(e)) => {
+            // The client got its answer; the prefill side still misbehaved.
+            tracing::debug!(backend = %backend.id, error = %e, "prefill leg failed after the decode leg answered");
+            shard.metrics.borrow_mut().disagg.fail("prefill");
+            Split::Done(keep, usage)
+        }
+        // The decode leg failed because its prefill did.
+        (Split::DecodeFailed { .. }, Err(e)) => Split::PrefillFailed(e),
+        (outcome, _) => outcome,
+    }
+}
+
+/// The most a prefill leg's answer (one token and its `kv_transfer_params`) may be.
+const PREFILL_RESPONSE_LIMIT: usize = 1 << 20;
+
+/// Runs a prefill leg on `backend` and reads its answer whole (its own task under
+/// SGLang, so it owns what it uses).
+async fn prefill_leg(
+    shard: Rc<Shard>,
+    backend: usize,
+    request: Vec<u8>,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), GatewayError> {
+    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let started = Instant::now();
+    let mut exchange = Exchange {
+        shard: &shard,
+        backend,
+        started,
+        first_byte: None,
+        // Split requests are not counted in the pending prefill (yet): see README.
+        pending_prefill: None,
+        usage: UsageScanner::default(),
+        status: 0,
+        retry_from_status: 500,
+        first_byte_timeout: Some(timeout),
+    };
+    let fetched =
+        monoio::time::timeout(timeout, exchange.fetch(request, PREFILL_RESPONSE_LIMIT)).await;
+    let result = match fetched {
+        Ok(r) => r.map(|body| (exchange.status, body)),
+        Err(_) => Err(GatewayError::new(
+            ErrorKind::UpstreamTimeout,
+            format!(
+                "prefill leg on backend `{}` took longer than {timeout:?}",
+                shard.backend_id(backend)
+            ),
+        )),
+    };
+    shard.report_outcome(backend, matches!(&result, Ok((s, _)) if *s < 500));
+    shard
+        .metrics
+        .borrow_mut()
+        .disagg
+        .prefill_leg
+        .observe(started.elapsed());
+    result
+}
+
+/// Runs the decode leg, streaming its answer to the client.
+#[allow(clippy::too_many_arguments)]
+async fn decode_leg(
+    shard: &Rc<Shard>,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    route: &Route,
+    body: &[u8],
+    split: &DisaggConfig,
+    may_retry: bool,
+) -> Split {
+    let backend = route.pick.backend;
+    let _probe = ProbeGuard::enter(shard, route);
+    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let mut request = shard.take_buffer();
+    write_upstream_head(
+        shard,
+        &mut request,
+        req.head,
+        body.len(),
+        backend,
+        req.request_id,
+    );
+    let separate = body.len() > COALESCE_BODY;
+    if !separate {
+        request.extend_from_slice(body);
+    }
+    let leg_started = Instant::now();
+    let mut exchange = Exchange {
+        shard,
+        backend,
+        // TTFT and total time are the client's, from the request's start.
+        started: req.started,
+        first_byte: None,
+        pending_prefill: None,
+        usage: UsageScanner::default(),
+        status: 0,
+        retry_from_status: 400,
+        first_byte_timeout: Some(split.decode_first_byte_timeout),
+    };
+    let result = exchange
+        .run(
+            client,
+            request,
+            separate.then_some(body),
+            route,
+            req.head.keep_alive,
+            req.request_id,
+            may_retry,
+        )
+        .await;
+    {
+        let mut m = shard.metrics.borrow_mut();
+        if let Some(first) = exchange.first_byte {
+            m.disagg
+                .handoff
+                .observe(first.saturating_duration_since(leg_started));
+        }
+        m.disagg.decode_leg.observe(leg_started.elapsed());
+    }
+    match result {
+        Ok(keep_open) => {
+            shard.report_outcome(backend, exchange.status < 500);
+            exchange.record(&req.facts, route);
+            log(shard, req, route, &exchange, 1);
+            Split::Done(keep_open, exchange.usage.usage)
+        }
+        Err(Failure::Retryable(e)) => {
+            // A refused hand-off (4xx) is not the decode engine's fault.
+            if exchange.status == 0 || exchange.status >= 500 {
+                shard.report_outcome(backend, false);
+            }
+            let refused = (400..500).contains(&exchange.status);
+            exchange.status = e.status();
+            exchange.record(&req.facts, route);
+            Split::DecodeFailed { error: e, refused }
+        }
+        Err(Failure::AfterResponse {
+            upstream_fault,
+            keep_open,
+        }) => {
+            if upstream_fault {
+                shard.report_outcome(backend, false);
+                shard.metrics.borrow_mut().disagg.fail("decode");
+            }
+            exchange.record(&req.facts, route);
+            log(shard, req, route, &exchange, 1);
+            Split::Done(keep_open, exchange.usage.usage)
+        }
+    }
+}
+
+/// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client,
+/// with the headers of the pair's decode `route`, counted against the prefill backend.
+async fn relay(
+    shard: &Shard,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    route: &Route,
+    status: u16,
+    body: &[u8],
+) -> bool {
+    shard.metrics.borrow_mut().count_request(RequestKey {
+        backend: Some(route.prefill.unwrap_or(route.pick.backend)),
+        status,
+        reason: route.pick.reason.as_str(),
+    });
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(crate::error::reason_phrase(status).as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    router_headers(shard, &mut out, route, req.request_id);
+    if !req.head.keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    let (r, _) = client.write_all(out).await;
+    r.is_ok() && req.head.keep_alive
+}
