@@ -8,6 +8,8 @@
 
 use crate::chat_template::ChatTemplate;
 mod admission;
+mod traces;
+pub use traces::TracesConfig;
 
 pub use admission::{AdmissionConfig, TierConfig};
 use radixgate_orchestrator::PolicyName;
@@ -39,6 +41,8 @@ struct ConfigFile {
     admin: AdminWire,
     #[serde(default)]
     log: LogWire,
+    #[serde(default)]
+    traces: traces::TracesWire,
     #[serde(default)]
     auth: AuthWire,
     #[serde(default)]
@@ -526,6 +530,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     pub admin: Option<AdminConfig>,
     pub log: LogConfig,
+    /// Span export (`None` when `traces.otlp_endpoint` is unset).
+    pub traces: Option<TracesConfig>,
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
     pub admission: AdmissionConfig,
@@ -1049,6 +1055,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         breaker,
         admin,
         log,
+        traces: traces::validate(wire.traces, errors),
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
         admission,

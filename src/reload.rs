@@ -9,7 +9,7 @@
 //!   `routing.hash_load_factor`, `routing.hash_virtual_nodes`,
 //!   `routing.prefix_aware.*`, `[upstream]`, `[health]`, `[retry]`, `[breaker]`;
 //! - restart only (reported under `restart_required` and left as running): every
-//!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`,
+//!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`, `[traces]`,
 //!   `routing.block_bytes`, `routing.hashing`, `routing.tokenizer`,
 //!   `routing.block_tokens`, `routing.bytes_per_token` (they change every block hash),
 //!   `routing.index_max_blocks`, `routing.session_ttl_ms`, `routing.max_sessions`,
@@ -255,6 +255,19 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     diff(&mut restart, "admin", admin(running), admin(new));
     let log = |c: &Config| (c.log.json, c.log.level.clone(), c.log.access);
     diff(&mut restart, "log", log(running), log(new));
+    let traces = |c: &Config| {
+        c.traces.as_ref().map(|t| {
+            let ratio = t.sample_ratio.to_bits();
+            (
+                t.authority.clone(),
+                t.path.clone(),
+                t.service_name.clone(),
+                ratio,
+                t.export_interval,
+            )
+        })
+    };
+    diff(&mut restart, "traces", traces(running), traces(new));
     diff(
         &mut restart,
         "auth.required",
