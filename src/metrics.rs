@@ -59,6 +59,8 @@ pub struct ShardMetrics {
     pub replica_blocks: u64,
     pub prefill_ns: Vec<u32>,
     pub requests: HashMap<RequestKey, u64>,
+    /// Routed requests by (model index, HTTP status).
+    pub model_requests: HashMap<(usize, u16), u64>,
     /// Per model index.
     pub ttft: Vec<Histogram>,
     /// Per model index.
@@ -141,6 +143,9 @@ impl ShardMetrics {
     pub fn merge(&mut self, other: &ShardMetrics) {
         for (k, v) in &other.requests {
             *self.requests.entry(*k).or_insert(0) += v;
+        }
+        for (k, v) in &other.model_requests {
+            *self.model_requests.entry(*k).or_insert(0) += v;
         }
         for (a, b) in self.ttft.iter_mut().zip(&other.ttft) {
             a.merge(b);
@@ -321,6 +326,20 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             ("backend", backend.to_string()),
             ("status", k.status.to_string()),
             ("reason", k.reason.to_string()),
+        ];
+        f.row(labels, Value::Int(*v));
+    }
+    let f = out.family(
+        "radixgate_model_requests_total",
+        Kind::Counter,
+        "Requests routed to a backend, by model and HTTP status.",
+    );
+    let mut rows: Vec<_> = merged.model_requests.iter().collect();
+    rows.sort();
+    for ((model, status), v) in rows {
+        let labels = vec![
+            ("model", g.models.get(*model).cloned().unwrap_or_default()),
+            ("status", status.to_string()),
         ];
         f.row(labels, Value::Int(*v));
     }
