@@ -379,4 +379,20 @@ mod tests {
         assert_eq!(p.config.routing.block_bytes.get(), 64);
         assert!(plan(&running, &running).changed.is_empty());
     }
+
+    #[test]
+    fn trace_export_changes_need_a_restart() {
+        let running = config(1, "");
+        let new = config(
+            1,
+            "[traces]\notlp_endpoint = \"http://127.0.0.1:4318/v1/traces\"",
+        );
+        let p = plan(&running, &new);
+        assert_eq!(p.restart_required, ["traces"]);
+        assert!(
+            p.config.traces.is_none(),
+            "the running exporter setting stays"
+        );
+        assert!(plan(&new, &new).restart_required.is_empty());
+    }
 }
