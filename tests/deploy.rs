@@ -7,6 +7,9 @@
 // A test thread, not a shard: reading files is fine here.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
+use common::documented_metrics;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use yaml_rust2::{Yaml, YamlLoader};
@@ -39,19 +42,6 @@ fn check_config(file: &Path) {
         file.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Metric names documented in README.md's metrics table.
-fn documented_metrics() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    // A row's first cell may list several names: `a`, `b`, `c`.
-    readme
-        .lines()
-        .filter(|l| l.starts_with("| `radixgate_"))
-        .filter_map(|l| l.split(" | ").next())
-        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(String::from))
-        .collect()
 }
 
 #[test]

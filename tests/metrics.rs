@@ -91,6 +91,14 @@ fn exposition_is_well_formed(io: &str) {
         Some(1.0)
     );
     assert_eq!(types["radixgate_shard_event_loop_lag_seconds"], "histogram");
+    // Every family exposed is in README's metrics table.
+    let documented = documented_metrics();
+    for name in types.keys() {
+        assert!(
+            documented.contains(name),
+            "{name} is not in README's metrics table"
+        );
+    }
     // No trace export configured: no span counters.
     assert!(!m.contains("radixgate_trace_spans_total"));
 }
