@@ -9,7 +9,9 @@
 use crate::chat_template::ChatTemplate;
 mod admission;
 mod disagg;
+mod traces;
 mod workflows;
+pub use traces::TracesConfig;
 
 pub use admission::{AdmissionConfig, TierConfig};
 pub use disagg::{check_backend as check_backend_role, DisaggConfig, Protocol, Role, SplitModels};
@@ -43,6 +45,8 @@ struct ConfigFile {
     admin: AdminWire,
     #[serde(default)]
     log: LogWire,
+    #[serde(default)]
+    traces: traces::TracesWire,
     #[serde(default)]
     auth: AuthWire,
     #[serde(default)]
@@ -589,6 +593,8 @@ pub struct Config {
     pub breaker: BreakerConfig,
     pub admin: Option<AdminConfig>,
     pub log: LogConfig,
+    /// Span export (`None` when `traces.otlp_endpoint` is unset).
+    pub traces: Option<TracesConfig>,
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
     pub admission: AdmissionConfig,
@@ -1157,6 +1163,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         breaker,
         admin,
         log,
+        traces: traces::validate(wire.traces, errors),
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
         admission,

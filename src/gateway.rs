@@ -70,13 +70,16 @@ impl Gateway {
         let coordinator_core = config.server.coordinator_core;
         let source = config.source.clone();
         let live = LiveConfig::initial(&config);
-        let shared = Arc::new(Shared::new(
-            config,
-            cmd_txs,
-            events_tx,
-            outcomes_tx,
-            access_tx,
-        ));
+        let (spans_tx, spans_rx) = match config.traces.is_some() {
+            true => {
+                let (tx, rx) = crossbeam_channel::bounded(crate::trace::CHANNEL_CAPACITY);
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let mut shared = Shared::new(config, cmd_txs, events_tx, outcomes_tx, access_tx);
+        shared.spans = spans_tx;
+        let shared = Arc::new(shared);
         let initial = Arc::new(FleetSnapshot::all_healthy(live.clone()));
         // Precise mode: bind the KV-event endpoints now, so a bad one fails start-up.
         let kv_sockets = kv_subscriptions(&shared.config)
@@ -130,6 +133,7 @@ impl Gateway {
                         let shutdown_timeout = shared.config.server.shutdown_timeout;
                         let shard = Shard::new(id, shared, fleet);
                         monoio::spawn(shard.clone().command_loop(commands));
+                        monoio::spawn(crate::stall::watch(shard.clone()));
                         monoio::select! {
                             _ = accept_loop(shard.clone(), &listener) => {}
                             _ = stop_rx.recv_async() => {}
@@ -156,6 +160,11 @@ impl Gateway {
             followers.push(tx);
             rx
         });
+        let otlp_live_rx = spans_rx.is_some().then(|| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            followers.push(tx);
+            rx
+        });
         let coordinator = Coordinator::new(shared.clone(), live.clone(), followers);
         let coordinator_core_id =
             coordinator_core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
@@ -176,6 +185,16 @@ impl Gateway {
             std::thread::Builder::new()
                 .name("radixgate-log".into())
                 .spawn(move || crate::access_log::run(records, live, updates, tenants))?;
+        }
+        if let (Some(spans), Some(updates), Some(traces)) =
+            (spans_rx, otlp_live_rx, shared.config.traces.clone())
+        {
+            let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
+            let (live, counters) = (live.clone(), shared.span_counters.clone());
+            // Ends on its own (after a last flush) once the shards drop their senders.
+            std::thread::Builder::new()
+                .name("radixgate-otlp".into())
+                .spawn(move || crate::otlp::run(spans, traces, live, updates, tenants, counters))?;
         }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();

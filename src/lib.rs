@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod observe;
 pub mod open_conns;
 pub mod openai;
+pub mod otlp;
 pub mod pool;
 pub mod proxy;
 pub mod rag;
@@ -35,8 +36,10 @@ pub mod replica;
 pub mod runtime;
 pub mod server;
 pub mod shard;
+pub mod stall;
 pub mod tenants;
 pub mod token_mode;
+pub mod trace;
 pub mod workflow;
 
 pub use config::Config;

@@ -2,15 +2,18 @@
 //!
 //! Each shard owns a [`ShardMetrics`] (plain integers behind its `RefCell`, no atomics,
 //! no locks). A `/metrics` scrape on any shard asks every shard for a copy over its
-//! command channel, merges the copies and renders Prometheus text.
+//! command channel, merges the copies and renders Prometheus text with
+//! `prometheus-client` (see [`families`]).
+
+mod families;
 
 mod disagg;
 
 pub use disagg::DisaggMetrics;
 
 use crate::engine_metrics::EngineLoad;
+use families::{Families, Kind, Value};
 use std::collections::HashMap;
-use std::fmt::Write;
 use std::time::Duration;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -42,17 +45,6 @@ impl Histogram {
         self.count += other.count;
         self.sum_seconds += other.sum_seconds;
     }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += self.counts[i];
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_seconds);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
-    }
 }
 
 /// Requests are counted by (backend, status, reason); `backend` is `None` for
@@ -71,6 +63,8 @@ pub struct ShardMetrics {
     pub replica_blocks: u64,
     pub prefill_ns: Vec<u32>,
     pub requests: HashMap<RequestKey, u64>,
+    /// Routed requests by (model index, HTTP status).
+    pub model_requests: HashMap<(usize, u16), u64>,
     /// Per model index.
     pub ttft: Vec<Histogram>,
     /// Per model index.
@@ -109,6 +103,8 @@ pub struct ShardMetrics {
     pub queue_depth: u64,
     /// Split prefill/decode serving.
     pub disagg: DisaggMetrics,
+    /// How late this shard's event loop woke for its stall-detection tick.
+    pub loop_lag: Histogram,
 }
 
 impl ShardMetrics {
@@ -153,6 +149,9 @@ impl ShardMetrics {
     pub fn merge(&mut self, other: &ShardMetrics) {
         for (k, v) in &other.requests {
             *self.requests.entry(*k).or_insert(0) += v;
+        }
+        for (k, v) in &other.model_requests {
+            *self.model_requests.entry(*k).or_insert(0) += v;
         }
         for (a, b) in self.ttft.iter_mut().zip(&other.ttft) {
             a.merge(b);
@@ -219,10 +218,8 @@ pub struct Gauges<'a> {
     /// Per backend, its KV-event subscription's counters (precise mode), if it has
     /// one.
     pub kv_events: &'a [Option<&'a crate::kv_events::KvEventCounters>],
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    /// What became of recorded spans, when trace export is on.
+    pub spans: Option<&'a crate::otlp::SpanCounters>,
 }
 
 impl Gauges<'_> {
@@ -235,18 +232,25 @@ impl Gauges<'_> {
     }
 }
 
+fn backend(id: &str) -> Vec<(&'static str, String)> {
+    vec![("backend", id.to_string())]
+}
+
+fn shard_label(shard: usize) -> Vec<(&'static str, String)> {
+    vec![("shard", shard.to_string())]
+}
+
 /// Admission decisions by tier (tenants of one tier summed), the edge queue's depth
 /// per shard and the time spent in it.
 fn render_admission(
-    out: &mut String,
+    out: &mut Families,
     merged: &ShardMetrics,
     shards: &[ShardMetrics],
     g: &Gauges<'_>,
 ) {
-    header(
-        out,
+    let f = out.family(
         "radixgate_admission_total",
-        "counter",
+        Kind::Counter,
         "Admission decisions by tier: admitted (direct, after_queue), queued (saturated), shed (slo_unattainable, pressure, queue_full, queue_timeout).",
     );
     let mut rows = std::collections::BTreeMap::new();
@@ -258,35 +262,57 @@ fn render_admission(
         *rows.entry((tier, *decision, *reason)).or_insert(0) += v;
     }
     for ((tier, decision, reason), v) in rows {
-        let _ = writeln!(
-            out,
-            "radixgate_admission_total{{tier=\"{tier}\",decision=\"{decision}\",reason=\"{reason}\"}} {v}"
-        );
+        let labels = vec![
+            ("tier", tier.to_string()),
+            ("decision", decision.to_string()),
+            ("reason", reason.to_string()),
+        ];
+        f.row(labels, Value::Int(v));
     }
-    header(
-        out,
+    let f = out.family(
         "radixgate_admission_queue_depth",
-        "gauge",
+        Kind::Gauge,
         "Requests waiting in each shard's edge queue.",
     );
     for s in shards {
-        let _ = writeln!(
-            out,
-            "radixgate_admission_queue_depth{{shard=\"{}\"}} {}",
-            s.shard, s.queue_depth
-        );
+        f.row(shard_label(s.shard), Value::Int(s.queue_depth));
     }
-    header(
-        out,
+    out.family(
         "radixgate_admission_queue_wait_seconds",
-        "histogram",
+        Kind::Histogram,
         "Time requests spent in the edge queue.",
+    )
+    .row(
+        vec![("scope", "edge".into())],
+        Value::Hist(merged.queue_wait.clone()),
     );
-    merged.queue_wait.render(
-        out,
-        "radixgate_admission_queue_wait_seconds",
-        "scope=\"edge\"",
+}
+
+/// Shard event-loop lag per shard, and the span exporter's counters.
+fn render_operations(out: &mut Families, shards: &[ShardMetrics], g: &Gauges<'_>) {
+    let f = out.family(
+        "radixgate_shard_event_loop_lag_seconds",
+        Kind::Histogram,
+        "How late each shard's event loop woke for a 10 ms timer: a stall delays every connection on the shard.",
     );
+    for s in shards {
+        f.row(shard_label(s.shard), Value::Hist(s.loop_lag.clone()));
+    }
+    if let Some(c) = g.spans {
+        let f = out.family(
+            "radixgate_trace_spans_total",
+            Kind::Counter,
+            "Recorded spans: exported (collector answered 2xx), failed (batch not delivered), dropped (exporter behind).",
+        );
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        for (outcome, v) in [
+            ("exported", load(&c.exported)),
+            ("failed", load(&c.failed)),
+            ("dropped", load(&c.dropped)),
+        ] {
+            f.row(vec![("outcome", outcome.into())], Value::Int(v));
+        }
+    }
 }
 
 /// Merges every shard's copy and renders Prometheus text.
@@ -295,87 +321,84 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     for s in shards {
         merged.merge(s);
     }
-    let mut out = String::with_capacity(8 << 10);
-    header(
-        &mut out,
+    let mut out = Families::default();
+    let f = out.family(
         "radixgate_requests_total",
-        "counter",
+        Kind::Counter,
         "Requests answered, by backend, HTTP status and routing reason (or error code).",
     );
     let mut rows: Vec<_> = merged.requests.iter().collect();
     rows.sort_by_key(|(k, _)| (k.backend, k.status, k.reason));
     for (k, v) in rows {
         let backend = k.backend.map_or("none", |b| g.backend_ids[b].as_str());
-        let _ = writeln!(
-            out,
-            "radixgate_requests_total{{backend=\"{backend}\",status=\"{}\",reason=\"{}\"}} {v}",
-            k.status, k.reason
-        );
+        let labels = vec![
+            ("backend", backend.to_string()),
+            ("status", k.status.to_string()),
+            ("reason", k.reason.to_string()),
+        ];
+        f.row(labels, Value::Int(*v));
     }
-    header(
-        &mut out,
-        "radixgate_ttft_seconds",
-        "histogram",
-        "Time from receiving a request to the first response body byte.",
+    let f = out.family(
+        "radixgate_model_requests_total",
+        Kind::Counter,
+        "Requests routed to a backend, by model and HTTP status.",
     );
-    for (i, h) in merged.ttft.iter().enumerate() {
-        h.render(
-            &mut out,
+    let mut rows: Vec<_> = merged.model_requests.iter().collect();
+    rows.sort();
+    for ((model, status), v) in rows {
+        let labels = vec![
+            ("model", g.models.get(*model).cloned().unwrap_or_default()),
+            ("status", status.to_string()),
+        ];
+        f.row(labels, Value::Int(*v));
+    }
+    let per_model: [(&'static str, &'static str, &Vec<Histogram>); 2] = [
+        (
             "radixgate_ttft_seconds",
-            &format!("model=\"{}\"", g.models[i]),
-        );
-    }
-    header(
-        &mut out,
-        "radixgate_request_duration_seconds",
-        "histogram",
-        "Time from receiving a request to the end of its response.",
-    );
-    for (i, h) in merged.total.iter().enumerate() {
-        h.render(
-            &mut out,
+            "Time from receiving a request to the first response body byte.",
+            &merged.ttft,
+        ),
+        (
             "radixgate_request_duration_seconds",
-            &format!("model=\"{}\"", g.models[i]),
-        );
+            "Time from receiving a request to the end of its response.",
+            &merged.total,
+        ),
+    ];
+    for (name, help, hists) in per_model {
+        let f = out.family(name, Kind::Histogram, help);
+        for (i, h) in hists.iter().enumerate() {
+            f.row(vec![("model", g.models[i].clone())], Value::Hist(h.clone()));
+        }
     }
-    header(
-        &mut out,
+    out.family(
         "radixgate_routing_decision_seconds",
-        "histogram",
+        Kind::Histogram,
         "Time to parse, hash, match and pick, per request.",
+    )
+    .row(
+        vec![("shard", "all".into())],
+        Value::Hist(merged.decision.clone()),
     );
-    merged.decision.render(
-        &mut out,
-        "radixgate_routing_decision_seconds",
-        "shard=\"all\"",
-    );
-    header(
-        &mut out,
+    let f = out.family(
         "radixgate_backend_in_flight",
-        "gauge",
+        Kind::Gauge,
         "Requests currently in flight to each backend, across shards.",
     );
     for (i, id) in g.live_ids() {
-        let _ = writeln!(
-            out,
-            "radixgate_backend_in_flight{{backend=\"{id}\"}} {}",
-            g.in_flight[i]
-        );
+        f.row(backend(id), Value::Int(g.in_flight[i] as u64));
     }
-    header(
-        &mut out,
+    let f = out.family(
         "radixgate_backend_pending_prefill_tokens",
-        "gauge",
+        Kind::Gauge,
         "Predicted uncached prompt tokens of the requests in flight to each backend that have no first byte yet: the prefill queued there on the gateway's account.",
     );
     for (i, id) in g.live_ids() {
-        let _ = writeln!(
-            out,
-            "radixgate_backend_pending_prefill_tokens{{backend=\"{id}\"}} {}",
-            g.pending_prefill_tokens[i]
+        f.row(
+            backend(id),
+            Value::Int(u64::from(g.pending_prefill_tokens[i])),
         );
     }
-    let per_backend: [(&str, &str, &Vec<u64>); 5] = [
+    let per_backend: [(&'static str, &'static str, &Vec<u64>); 5] = [
         (
             "radixgate_retries_total",
             "Attempts that failed on this backend before any byte reached the client and were retried elsewhere.",
@@ -403,13 +426,16 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         ),
     ];
     for (name, help, values) in per_backend {
-        header(&mut out, name, "counter", help);
+        let f = out.family(name, Kind::Counter, help);
         for (i, id) in g.live_ids() {
-            let v = values.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {v}");
+            f.row(backend(id), Value::Int(values.get(i).copied().unwrap_or(0)));
         }
     }
-    header(&mut out, "radixgate_backend_prefill_ns_per_token", "gauge", "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).");
+    let f = out.family(
+        "radixgate_backend_prefill_ns_per_token",
+        Kind::Gauge,
+        "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).",
+    );
     for (i, id) in g.live_ids() {
         let learned: Vec<u64> = shards
             .iter()
@@ -422,13 +448,10 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         } else {
             learned.iter().sum::<u64>() / learned.len() as u64
         };
-        let _ = writeln!(
-            out,
-            "radixgate_backend_prefill_ns_per_token{{backend=\"{id}\"}} {mean}"
-        );
+        f.row(backend(id), Value::Int(mean));
     }
     type Read = fn(&EngineLoad) -> f64;
-    let engine_gauges: [(&str, &str, Read); 3] = [
+    let engine_gauges: [(&'static str, &'static str, Read); 3] = [
         (
             "radixgate_engine_queue",
             "The engine's waiting queue as last scraped from its /metrics.",
@@ -446,74 +469,62 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         ),
     ];
     for (name, help, get) in engine_gauges {
-        header(&mut out, name, "gauge", help);
+        let f = out.family(name, Kind::Gauge, help);
         for (i, id) in g.live_ids() {
             if let Some(e) = g.engine.get(i).copied().flatten() {
-                let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {}", get(&e));
+                f.row(backend(id), Value::Float(get(&e)));
             }
         }
     }
-    header(
-        &mut out,
+    let f = out.family(
         "radixgate_tenant_throttled_total",
-        "counter",
+        Kind::Counter,
         "Requests refused with 429 by a tenant quota, by tenant and limit.",
     );
     let mut throttled: Vec<_> = merged.throttled.iter().collect();
     throttled.sort();
     for ((t, limit), v) in throttled {
         let tenant = g.tenants.get(*t).map_or("anonymous", |s| s.as_str());
-        let _ = writeln!(
-            out,
-            "radixgate_tenant_throttled_total{{tenant=\"{tenant}\",limit=\"{limit}\"}} {v}"
-        );
+        let labels = vec![("tenant", tenant.to_string()), ("limit", limit.to_string())];
+        f.row(labels, Value::Int(*v));
     }
     render_admission(&mut out, &merged, shards, g);
     merged.disagg.render(&mut out);
-    header(
-        &mut out,
-        "radixgate_auth_failures_total",
-        "counter",
-        "Requests refused with 401.",
-    );
-    let _ = writeln!(
-        out,
-        "radixgate_auth_failures_total {}",
-        merged.auth_failures
-    );
-    header(
-        &mut out,
-        "radixgate_retry_budget_exhausted_total",
-        "counter",
-        "Retries refused because the retry budget was spent.",
-    );
-    let _ = writeln!(
-        out,
-        "radixgate_retry_budget_exhausted_total {}",
-        merged.retry_budget_exhausted
-    );
-    header(
-        &mut out,
+    for (name, help, v) in [
+        (
+            "radixgate_auth_failures_total",
+            "Requests refused with 401.",
+            merged.auth_failures,
+        ),
+        (
+            "radixgate_retry_budget_exhausted_total",
+            "Retries refused because the retry budget was spent.",
+            merged.retry_budget_exhausted,
+        ),
+    ] {
+        out.family(name, Kind::Counter, help)
+            .row(vec![], Value::Int(v));
+    }
+    let f = out.family(
         "radixgate_breaker_state",
-        "gauge",
+        Kind::Gauge,
         "Circuit breaker per backend: 0 closed, 1 half-open, 2 open.",
     );
     for (i, id) in g.live_ids() {
         let level = g.breaker.get(i).map_or(0, |b| b.level());
-        let _ = writeln!(out, "radixgate_breaker_state{{backend=\"{id}\"}} {level}");
+        f.row(backend(id), Value::Int(level as u64));
     }
-    header(
-        &mut out,
+    let f = out.family(
         "radixgate_backend_healthy",
-        "gauge",
+        Kind::Gauge,
         "1 when the backend passes its active health checks.",
     );
     for (i, id) in g.live_ids() {
-        let up = g.healthy.get(i).copied().unwrap_or(false) as u8;
-        let _ = writeln!(out, "radixgate_backend_healthy{{backend=\"{id}\"}} {up}");
+        let up = g.healthy.get(i).copied().unwrap_or(false) as u64;
+        f.row(backend(id), Value::Int(up));
     }
     type KvRead = fn(&crate::kv_events::KvEventCounters) -> &std::sync::atomic::AtomicU64;
-    let kv_counters: [(&str, &str, KvRead); 5] = [
+    let kv_counters: [(&'static str, &'static str, KvRead); 5] = [
         (
             "radixgate_kv_events_stored_blocks_total",
             "Blocks the engine reported stored (precise mode KV events).",
@@ -542,71 +553,69 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     ];
     if g.kv_events.iter().any(Option::is_some) {
         for (name, help, get) in kv_counters {
-            header(&mut out, name, "counter", help);
+            let f = out.family(name, Kind::Counter, help);
             for (id, c) in g.backend_ids.iter().zip(g.kv_events) {
                 if let Some(c) = c {
                     let v = get(c).load(std::sync::atomic::Ordering::Relaxed);
-                    let _ = writeln!(out, "{name}{{backend=\"{id}\"}} {v}");
+                    f.row(backend(id), Value::Int(v));
                 }
             }
         }
     }
-    header(&mut out, "radixgate_index_blocks", "gauge", "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.");
-    let _ = writeln!(
-        out,
-        "radixgate_index_blocks{{copy=\"coordinator\"}} {}",
-        g.index_blocks
+    let f = out.family(
+        "radixgate_index_blocks",
+        Kind::Gauge,
+        "Blocks in the prefix index: the coordinator's authoritative copy and each shard's replica.",
+    );
+    f.row(
+        vec![("copy", "coordinator".into())],
+        Value::Int(g.index_blocks),
     );
     for s in shards {
-        let _ = writeln!(
-            out,
-            "radixgate_index_blocks{{copy=\"shard-{}\"}} {}",
-            s.shard, s.replica_blocks
+        f.row(
+            vec![("copy", format!("shard-{}", s.shard))],
+            Value::Int(s.replica_blocks),
         );
     }
-    header(
-        &mut out,
+    let f = out.family(
         "radixgate_replica_lag_events",
-        "gauge",
+        Kind::Gauge,
         "Index events the coordinator has sent a shard that the shard has not applied yet.",
     );
     for s in shards {
         let sent = g.replica_sent.get(s.shard).copied().unwrap_or(0);
-        let _ = writeln!(
-            out,
-            "radixgate_replica_lag_events{{shard=\"{}\"}} {}",
-            s.shard,
-            sent.saturating_sub(s.replica_applied)
+        f.row(
+            shard_label(s.shard),
+            Value::Int(sent.saturating_sub(s.replica_applied)),
         );
     }
-    header(
-        &mut out,
-        "radixgate_replica_pending_events",
-        "gauge",
-        "Index events shards have sent that the coordinator has not received yet.",
-    );
     let pending = merged
         .index_events_published
         .saturating_sub(g.coordinator_received);
-    let _ = writeln!(out, "radixgate_replica_pending_events {pending}");
-    header(
-        &mut out,
+    out.family(
+        "radixgate_replica_pending_events",
+        Kind::Gauge,
+        "Index events shards have sent that the coordinator has not received yet.",
+    )
+    .row(vec![], Value::Int(pending));
+    out.family(
         "radixgate_replica_lag_seconds",
-        "histogram",
+        Kind::Histogram,
         "Age of index events (origin shard to this replica) when applied.",
+    )
+    .row(
+        vec![("shard", "all".into())],
+        Value::Hist(merged.replica_age.clone()),
     );
-    merged
-        .replica_age
-        .render(&mut out, "radixgate_replica_lag_seconds", "shard=\"all\"");
+    render_operations(&mut out, shards, g);
     for (name, help, v) in [
         ("radixgate_prompt_tokens_total", "Prompt tokens reported in upstream usage.", merged.prompt_tokens),
         ("radixgate_cached_tokens_total", "Cached prompt tokens reported in upstream usage (prompt_tokens_details.cached_tokens).", merged.cached_tokens),
         ("radixgate_completion_tokens_total", "Completion tokens reported in upstream usage.", merged.completion_tokens),
     ] {
-        header(&mut out, name, "counter", help);
-        let _ = writeln!(out, "{name} {v}");
+        out.family(name, Kind::Counter, help).row(vec![], Value::Int(v));
     }
-    out
+    out.encode()
 }
 
 #[cfg(test)]
@@ -644,6 +653,7 @@ mod tests {
                 breaker: &[radixgate_orchestrator::BreakerState::Closed],
                 healthy: &[true],
                 kv_events: &[None],
+                spans: None,
             },
         );
         assert!(text.contains(

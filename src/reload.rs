@@ -10,7 +10,7 @@
 //!   `routing.prefix_aware.*`, `routing.rag_chunk_weight`, `[upstream]`, `[health]`,
 //!   `[retry]`, `[breaker]`, `[models.*]` (split pools);
 //! - restart only (reported under `restart_required` and left as running): every
-//!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`,
+//!   `[server]` key (listeners, shards, cores, driver, limits), `[admin]`, `[log]`, `[traces]`,
 //!   `routing.block_bytes`, `routing.hashing`, `routing.tokenizer`,
 //!   `routing.block_tokens`, `routing.bytes_per_token` (they change every block hash),
 //!   `routing.index_max_blocks`, `routing.session_ttl_ms`, `routing.max_sessions`,
@@ -277,6 +277,19 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
     diff(&mut restart, "admin", admin(running), admin(new));
     let log = |c: &Config| (c.log.json, c.log.level.clone(), c.log.access);
     diff(&mut restart, "log", log(running), log(new));
+    let traces = |c: &Config| {
+        c.traces.as_ref().map(|t| {
+            let ratio = t.sample_ratio.to_bits();
+            (
+                t.authority.clone(),
+                t.path.clone(),
+                t.service_name.clone(),
+                ratio,
+                t.export_interval,
+            )
+        })
+    };
+    diff(&mut restart, "traces", traces(running), traces(new));
     diff(
         &mut restart,
         "auth.required",
@@ -397,5 +410,21 @@ mod tests {
         assert_eq!(p.config.server.shards.get(), 1);
         assert_eq!(p.config.routing.block_bytes.get(), 64);
         assert!(plan(&running, &running).changed.is_empty());
+    }
+
+    #[test]
+    fn trace_export_changes_need_a_restart() {
+        let running = config(1, "");
+        let new = config(
+            1,
+            "[traces]\notlp_endpoint = \"http://127.0.0.1:4318/v1/traces\"",
+        );
+        let p = plan(&running, &new);
+        assert_eq!(p.restart_required, ["traces"]);
+        assert!(
+            p.config.traces.is_none(),
+            "the running exporter setting stays"
+        );
+        assert!(plan(&new, &new).restart_required.is_empty());
     }
 }

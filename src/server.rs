@@ -139,6 +139,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
         let n = shard.rng.borrow_mut().u128(..);
         push_hex_u128(&mut request_id, n);
     }
+    crate::trace::begin(shard, &mut conn.head);
     let keep_alive = conn.head.keep_alive;
     let method = conn.head.method();
     let result = match (conn.head.route_path(), method) {
@@ -240,14 +241,16 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
                 (ErrorKind::MethodNotAllowed, _) => b"Allow: GET\r\n",
                 _ => b"",
             };
-            shard.log_access(AccessRecord::refused(
+            let record = AccessRecord::refused(
                 shard.id,
                 &request_id,
                 conn.head.trace_id,
                 None,
                 &e,
                 started.elapsed().as_micros() as u64,
-            ));
+            );
+            crate::trace::finish_request(shard, &conn.head, started.into_std(), &record);
+            shard.log_access(record);
             respond_error(
                 shard,
                 &mut conn.stream,
@@ -455,6 +458,7 @@ async fn scrape(shard: &Shard) -> String {
             breaker: &fleet.breaker,
             healthy: &fleet.healthy,
             kv_events: &kv_events,
+            spans: shared.spans.is_some().then_some(&*shared.span_counters),
         },
     )
 }

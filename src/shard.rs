@@ -50,6 +50,10 @@ pub struct Shared {
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
     /// Shard → log thread, one record per request (`None` when access logs are off).
     pub access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
+    /// Shard → OTLP exporter, finished spans (`None` when traces are off; set by
+    /// the gateway at start).
+    pub spans: Option<crossbeam_channel::Sender<crate::trace::SpanRecord>>,
+    pub span_counters: Arc<crate::otlp::SpanCounters>,
     /// Shard → coordinator request outcomes, for the circuit breakers.
     pub outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
     pub replica_sent: ReplicaSent,
@@ -107,6 +111,8 @@ impl Shared {
             index_events,
             outcomes,
             access_log,
+            spans: None,
+            span_counters: Default::default(),
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),

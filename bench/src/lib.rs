@@ -13,6 +13,7 @@ pub mod chunked;
 pub mod http;
 pub mod json;
 pub mod load;
+pub mod plots;
 pub mod real;
 pub mod replay;
 pub mod report;

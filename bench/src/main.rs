@@ -98,7 +98,8 @@ struct RealArgs {
     gateway_bin: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Also write the Markdown tables to this file.
+    /// Also write the Markdown tables to this file, and SVG plots (hit rate, TTFT CDF,
+    /// load per backend per workload and concurrency) next to it.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -313,7 +314,19 @@ fn real_command(args: RealArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let table = real::to_markdown(&rows);
+    let mut table = real::to_markdown(&rows);
+    if let Some(path) = &args.out {
+        // Plots go next to the table file, linked under it.
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("real");
+        match real::write_plots(&rows, dir, stem) {
+            Ok(links) => table.push_str(&links),
+            Err(e) => {
+                eprintln!("error: cannot write plots: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     print!("{table}");
     if let Some(path) = args.out {
         if let Err(e) = std::fs::write(&path, &table) {

@@ -69,6 +69,47 @@ pub struct Row {
     pub elapsed: Duration,
 }
 
+/// Writes the plots of each (workload, concurrency) group into `dir` as
+/// `<stem>-<workload>-c<conc>-{hit-rate,ttft,load}.svg`; returns Markdown links.
+pub fn write_plots(rows: &[Row], dir: &std::path::Path, stem: &str) -> std::io::Result<String> {
+    let mut groups: Vec<(&str, usize)> = rows.iter().map(|r| (r.workload, r.concurrency)).collect();
+    groups.dedup();
+    let mut out = String::new();
+    for (w, c) in groups {
+        let series: Vec<crate::plots::Series> = rows
+            .iter()
+            .filter(|r| r.workload == w && r.concurrency == c)
+            .map(|r| crate::plots::Series {
+                policy: r.policy.clone(),
+                hit_rate: r.engine_hit_rate.or(r.stats.cached_share()).unwrap_or(0.0),
+                ttft_ms: r
+                    .stats
+                    .ttft
+                    .iter_recorded()
+                    .flat_map(|v| {
+                        let ms = v.value_iterated_to() as f64 / 1e3;
+                        std::iter::repeat_n(ms, v.count_at_value() as usize)
+                    })
+                    .collect(),
+                per_backend: r
+                    .stats
+                    .backends
+                    .iter()
+                    .map(|(b, n)| (b.clone(), *n))
+                    .collect(),
+            })
+            .collect();
+        let paths = crate::plots::write(
+            dir,
+            &crate::plots::slug(&format!("{stem} {w} c{c}")),
+            &format!("{w}, concurrency {c}"),
+            &series,
+        )?;
+        out.push_str(&crate::sim::cli::links(&paths));
+    }
+    Ok(out)
+}
+
 /// Runs every combination and returns the rows in order; `progress` gets a line
 /// per finished run.
 pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>, String> {

@@ -34,8 +34,15 @@ pub struct RequestHead {
     pub session_id: String,
     /// The client's `Authorization` value (never forwarded).
     pub authorization: String,
-    /// Trace id of a valid W3C `traceparent` (0 when absent); still forwarded.
+    /// Trace id of a valid W3C `traceparent` (0 when absent), or the one the gateway
+    /// started (see [`crate::trace::begin`]). The header itself is rewritten upstream.
     pub trace_id: u128,
+    /// The client's span (the `traceparent` parent id; 0 when absent).
+    pub parent_span_id: u64,
+    /// The `traceparent` flags (bit 0: sampled).
+    pub trace_flags: u8,
+    /// The gateway's request span when this request is recorded, else 0.
+    pub span_id: u64,
     /// `Name: value\r\n` lines to send upstream unchanged.
     pub forward_headers: Vec<u8>,
 }
@@ -57,8 +64,9 @@ impl RequestHead {
 
 /// Gateway control headers: read by radixgate, never forwarded.
 fn is_gateway_header(name: &str) -> bool {
-    const OWN: [&str; 7] = [
+    const OWN: [&str; 8] = [
         "authorization",
+        "traceparent",
         "host",
         "content-length",
         "expect",
@@ -109,6 +117,9 @@ pub fn parse_request_head(
     head.slo_ttft_ms.clear();
     head.session_id.clear();
     head.trace_id = 0;
+    head.parent_span_id = 0;
+    head.trace_flags = 0;
+    head.span_id = 0;
     head.authorization.clear();
     head.forward_headers.clear();
 
@@ -162,7 +173,13 @@ pub fn parse_request_head(
             head.authorization
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
         } else if name.eq_ignore_ascii_case("traceparent") {
-            head.trace_id = parse_traceparent(h.value).unwrap_or(0);
+            // An invalid or repeated one is dropped (W3C: restart the trace).
+            match parse_traceparent(h.value) {
+                Some((trace, parent, flags)) if head.trace_id == 0 => {
+                    (head.trace_id, head.parent_span_id, head.trace_flags) = (trace, parent, flags);
+                }
+                _ => (head.trace_id, head.parent_span_id, head.trace_flags) = (0, 0, 0),
+            }
         } else if name.eq_ignore_ascii_case("x-session-id") {
             head.session_id
                 .push_str(&String::from_utf8_lossy(h.value.trim_ascii()));
@@ -202,8 +219,9 @@ pub fn parse_request_head(
     Ok(Some(len))
 }
 
-/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`).
-fn parse_traceparent(value: &[u8]) -> Option<u128> {
+/// Trace id, parent span id and flags of a W3C `traceparent`
+/// (`00-<32 hex>-<16 hex>-<2 hex>`; ids not all zero, version not `ff`).
+fn parse_traceparent(value: &[u8]) -> Option<(u128, u64, u8)> {
     let v = std::str::from_utf8(value.trim_ascii()).ok()?;
     let mut parts = v.split('-');
     let (version, trace, parent, flags) =
@@ -211,7 +229,17 @@ fn parse_traceparent(value: &[u8]) -> Option<u128> {
     if version.len() != 2 || trace.len() != 32 || parent.len() != 16 || flags.len() != 2 {
         return None;
     }
-    u128::from_str_radix(trace, 16).ok().filter(|t| *t != 0)
+    let hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !(hex(version) && hex(trace) && hex(parent) && hex(flags)) || version == "ff" {
+        return None;
+    }
+    // Version 00 has exactly four fields; later versions may append more.
+    if version == "00" && parts.next().is_some() {
+        return None;
+    }
+    let trace = u128::from_str_radix(trace, 16).ok().filter(|t| *t != 0)?;
+    let parent = u64::from_str_radix(parent, 16).ok().filter(|p| *p != 0)?;
+    Some((trace, parent, u8::from_str_radix(flags, 16).ok()?))
 }
 
 #[cfg(test)]
@@ -277,9 +305,18 @@ mod tests {
     fn traceparent() {
         assert_eq!(
             parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-            Some(0x4bf92f3577b34da6a3ce929d0e0e4736)
+            Some((0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7, 1))
         );
         assert_eq!(parse_traceparent(b"00-0000-00f067aa0ba902b7-01"), None);
+        // Zero parent, upper-case hex, version ff, extra field on version 00.
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01"[..],
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx",
+        ] {
+            assert_eq!(parse_traceparent(bad), None);
+        }
         assert_eq!(parse_traceparent(b"garbage"), None);
     }
 

@@ -2,9 +2,9 @@
 //! split models were served, each leg's latency, the hand-off as the gateway sees
 //! it, and failures by leg.
 
-use super::{header, Histogram};
+use super::families::{Families, Kind, Value};
+use super::Histogram;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 #[derive(Debug, Clone, Default)]
 pub struct DisaggMetrics {
@@ -41,49 +41,48 @@ impl DisaggMetrics {
         self.handoff.merge(&other.handoff);
     }
 
-    pub(super) fn render(&self, out: &mut String) {
-        header(
-            out,
+    pub(super) fn render(&self, out: &mut Families) {
+        let f = out.family(
             "radixgate_disagg_requests_total",
-            "counter",
+            Kind::Counter,
             "Requests to split models by how they were served: mode split (reason split) or local (small_uncached, prefill_bottleneck, no_prefill, no_decode, prefill_failed, decode_failed).",
         );
         for ((mode, reason), v) in &self.served {
-            let _ = writeln!(
-                out,
-                "radixgate_disagg_requests_total{{mode=\"{mode}\",reason=\"{reason}\"}} {v}"
+            f.row(
+                vec![("mode", mode.to_string()), ("reason", reason.to_string())],
+                Value::Int(*v),
             );
         }
-        header(
-            out,
+        out.family(
             "radixgate_disagg_leg_seconds",
-            "histogram",
+            Kind::Histogram,
             "Split requests' legs, start to end, by leg (prefill, decode).",
+        )
+        .row(
+            vec![("leg", "prefill".into())],
+            Value::Hist(self.prefill_leg.clone()),
+        )
+        .row(
+            vec![("leg", "decode".into())],
+            Value::Hist(self.decode_leg.clone()),
         );
-        self.prefill_leg
-            .render(out, "radixgate_disagg_leg_seconds", "leg=\"prefill\"");
-        self.decode_leg
-            .render(out, "radixgate_disagg_leg_seconds", "leg=\"decode\"");
-        header(
-            out,
+        out.family(
             "radixgate_disagg_transfer_seconds",
-            "histogram",
+            Kind::Histogram,
             "Decode legs from start to first byte: the KV transfer plus the first token, as the gateway sees the hand-off.",
+        )
+        .row(
+            vec![("protocol", "any".into())],
+            Value::Hist(self.handoff.clone()),
         );
-        self.handoff
-            .render(out, "radixgate_disagg_transfer_seconds", "protocol=\"any\"");
-        header(
-            out,
+        let f = out.family(
             "radixgate_disagg_leg_failures_total",
-            "counter",
+            Kind::Counter,
             "Failed legs of split requests, by leg (prefill, decode).",
         );
         for leg in ["prefill", "decode"] {
             let v = self.failures.get(leg).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "radixgate_disagg_leg_failures_total{{leg=\"{leg}\"}} {v}"
-            );
+            f.row(vec![("leg", leg.to_string())], Value::Int(v));
         }
     }
 }

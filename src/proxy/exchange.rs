@@ -458,6 +458,9 @@ impl Exchange<'_> {
             status: self.status,
             reason: route.pick.reason.as_str(),
         });
+        *m.model_requests
+            .entry((facts.model, self.status))
+            .or_insert(0) += 1;
         let now = Instant::now();
         let ttft = self
             .first_byte

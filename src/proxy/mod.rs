@@ -26,6 +26,7 @@ use crate::openai::{Endpoint, RequestFacts};
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use crate::tenants::Throttle;
+use crate::trace::SpanKind;
 use exchange::{router_headers, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
@@ -112,8 +113,10 @@ pub async fn forward(
             match t.admit(estimate, now) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
-                    return answer_throttle(shard, client, head, request_id, tenant, t, throttle)
-                        .await
+                    return answer_throttle(
+                        shard, client, head, request_id, tenant, t, throttle, started,
+                    )
+                    .await
                 }
             }
         }
@@ -161,7 +164,8 @@ pub async fn forward(
                     "Retry-After: {}\r\n",
                     refusal.retry_after_secs()
                 );
-                return answer_refusal(shard, client, head, request_id, tenant, &e, extra).await;
+                return answer_refusal(shard, client, head, request_id, tenant, &e, extra, started)
+                    .await;
             }
         }
     }
@@ -290,6 +294,7 @@ pub(crate) fn authenticate(
 }
 
 /// 429 with `Retry-After` and the tenant's `X-RateLimit-*` headers.
+#[allow(clippy::too_many_arguments)]
 async fn answer_throttle(
     shard: &Shard,
     client: &mut TcpStream,
@@ -298,6 +303,7 @@ async fn answer_throttle(
     tenant_idx: Option<usize>,
     tenant: &crate::tenants::Tenant,
     throttle: Throttle,
+    started: Instant,
 ) -> Result<bool, GatewayError> {
     let now = shard.shared.now_ms();
     let limit = throttle.as_str();
@@ -322,7 +328,10 @@ async fn answer_throttle(
         throttle.retry_after_secs()
     );
     tenant.rate_limit_headers(now, &mut extra);
-    answer_refusal(shard, client, head, request_id, tenant_idx, &e, extra).await
+    answer_refusal(
+        shard, client, head, request_id, tenant_idx, &e, extra, started,
+    )
+    .await
 }
 
 /// Counts one admission decision for the metrics.
@@ -342,6 +351,7 @@ pub(super) fn count_admission(
 
 /// Answers a request the gateway refused before routing (quota, admission), with
 /// `extra` header lines; logs and counts it.
+#[allow(clippy::too_many_arguments)]
 async fn answer_refusal(
     shard: &Shard,
     client: &mut TcpStream,
@@ -350,16 +360,13 @@ async fn answer_refusal(
     tenant: Option<usize>,
     e: &GatewayError,
     mut extra: Vec<u8>,
+    started: Instant,
 ) -> Result<bool, GatewayError> {
     let _ = write!(Utf8Vec(&mut extra), "X-Request-Id: {request_id}\r\n");
-    shard.log_access(AccessRecord::refused(
-        shard.id,
-        request_id,
-        head.trace_id,
-        tenant,
-        e,
-        0,
-    ));
+    let total_us = started.elapsed().as_micros() as u64;
+    let record = AccessRecord::refused(shard.id, request_id, head.trace_id, tenant, e, total_us);
+    crate::trace::finish_request(shard, head, started.into_std(), &record);
+    shard.log_access(record);
     shard
         .metrics
         .borrow_mut()
@@ -421,6 +428,7 @@ async fn attempt_all(
     loop {
         attempt += 1;
         let excluded_now = &excluded[..attempt - 1];
+        let route_span = crate::trace::start_child(head);
         let routed = match &carried {
             Some(b) => route(shard, b, facts, policy, session, req.chunks, excluded_now),
             None => route(
@@ -456,14 +464,31 @@ async fn attempt_all(
                 .observe(started.elapsed());
         }
         let backend = route.pick.backend;
+        if let Some(mut span) = crate::trace::child(shard, head, SpanKind::Route, route_span) {
+            span.backend = Some(backend);
+            span.reason = route.pick.reason.as_str();
+            span.policy = policy.as_str();
+            span.attempt = attempt as u32;
+            span.matched_blocks = route.matched_blocks;
+            crate::trace::emit(shard, span);
+        }
         let _probe = ProbeGuard::enter(shard, &route);
         let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
         let may_retry =
             retry_possible && shard.retry_budget.borrow_mut().can_retry(shared.now_ms());
 
+        let attempt_span = crate::trace::start_child(head);
         let mut request = shard.take_buffer();
-        write_upstream_head(shard, &mut request, head, body.len(), backend, request_id);
+        write_upstream_head(
+            shard,
+            &mut request,
+            head,
+            body.len(),
+            backend,
+            request_id,
+            attempt_span.map_or(0, |s| s.0),
+        );
         let split_body = body.len() > COALESCE_BODY;
         if !split_body {
             request.extend_from_slice(body);
@@ -495,6 +520,25 @@ async fn attempt_all(
                 may_retry,
             )
             .await;
+        if let Some(mut span) = crate::trace::child(shard, head, SpanKind::Attempt, attempt_span) {
+            span.backend = Some(backend);
+            span.attempt = attempt as u32;
+            (span.status, span.reason) = match &result {
+                // The backend's own status when it answered (a retried 5xx).
+                Err(Failure::Retryable(e)) if exchange.status != 0 => (exchange.status, e.code()),
+                Err(Failure::Retryable(e)) => (e.status(), e.code()),
+                Err(Failure::AfterResponse { upstream_fault, .. }) => (
+                    exchange.status,
+                    if *upstream_fault {
+                        "upstream_broke"
+                    } else {
+                        "client_gone"
+                    },
+                ),
+                Ok(_) => (exchange.status, ""),
+            };
+            crate::trace::emit(shard, span);
+        }
         match result {
             Ok(keep_open) => {
                 log(shard, req, &route, &exchange, attempt);
@@ -552,11 +596,11 @@ fn log(
     exchange: &Exchange<'_>,
     attempt: usize,
 ) {
-    if shard.shared.access_log.is_none() {
+    if shard.shared.access_log.is_none() && req.head.span_id == 0 {
         return;
     }
     let usage = exchange.usage.usage;
-    shard.log_access(AccessRecord {
+    let record = AccessRecord {
         shard: shard.id,
         request_id: InlineId::new(req.request_id),
         trace_id: req.head.trace_id,
@@ -574,7 +618,9 @@ fn log(
             .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
         total_us: exchange.started.elapsed().as_micros() as u64,
         retries: attempt as u32 - 1,
-    });
+    };
+    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
+    shard.log_access(record);
 }
 
 /// Answers a failed attempt's error, with the router headers of that attempt.
@@ -593,6 +639,10 @@ async fn answer_error(
     Ok(r.is_ok() && keep_alive)
 }
 
+/// The upstream request head for a client's request: its path and forwarded
+/// headers, the `traceparent` naming `attempt_span` as the parent (0: the client's own
+/// span, passed through; nothing when the request is not traced), and the blank line.
+#[allow(clippy::too_many_arguments)]
 fn write_upstream_head(
     shard: &Shard,
     out: &mut Vec<u8>,
@@ -600,8 +650,9 @@ fn write_upstream_head(
     body_len: usize,
     backend: usize,
     request_id: &str,
+    attempt_span: u64,
 ) {
-    write_upstream_head_for(
+    write_head_lines(
         shard,
         out,
         &head.path,
@@ -610,10 +661,35 @@ fn write_upstream_head(
         backend,
         request_id,
     );
+    crate::trace::write_traceparent(out, head, attempt_span);
+    out.extend_from_slice(b"\r\n");
 }
 
-/// The upstream request head for `path`, with `forward_headers` (complete lines).
+/// The upstream request head for `path`, with `forward_headers` (complete lines), for
+/// a request the gateway makes itself (a workflow node).
 fn write_upstream_head_for(
+    shard: &Shard,
+    out: &mut Vec<u8>,
+    path: &str,
+    forward_headers: &[u8],
+    body_len: usize,
+    backend: usize,
+    request_id: &str,
+) {
+    write_head_lines(
+        shard,
+        out,
+        path,
+        forward_headers,
+        body_len,
+        backend,
+        request_id,
+    );
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The request line and header lines, without the blank line that ends the head.
+fn write_head_lines(
     shard: &Shard,
     out: &mut Vec<u8>,
     path: &str,
@@ -636,5 +712,4 @@ fn write_upstream_head_for(
         out.extend_from_slice(auth.as_bytes());
     }
     out.extend_from_slice(forward_headers);
-    out.extend_from_slice(b"\r\n");
 }

@@ -405,6 +405,19 @@ pub fn wait_replicated(addr: SocketAddr) {
     assert!(caught_up, "replicas did not catch up");
 }
 
+/// Metric names documented in README.md's metrics table (a row's first cell may list
+/// several: `a`, `b`, `c`).
+pub fn documented_metrics() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .lines()
+        .filter(|l| l.starts_with("| `radixgate_"))
+        .filter_map(|l| l.split(" | ").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(String::from))
+        .collect()
+}
+
 /// Sleeps the test thread (for fault timing: a kill mid-run, a breaker's open time).
 pub fn pause(d: Duration) {
     std::thread::sleep(d);

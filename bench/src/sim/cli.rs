@@ -143,6 +143,10 @@ pub struct SimArgs {
     /// conditional split; TTFT and inter-token latency, see `sim::disagg`). Uses `--seed`.
     #[arg(long)]
     pub disagg: bool,
+    /// Write SVG plots of each policy table (hit rate, TTFT CDF, load per backend)
+    /// into this directory, linked under the table.
+    #[arg(long)]
+    pub plots: Option<std::path::PathBuf>,
 
     /// Backends (engines).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -298,6 +302,43 @@ struct Batch {
     runs: Vec<(PolicyName, RunResult)>,
 }
 
+/// Plots one policy table; returns the Markdown image links (or the error, so the
+/// table still prints).
+fn plot_batch(dir: &std::path::Path, b: &Batch, backends: &[String]) -> String {
+    let series: Vec<crate::plots::Series> = b
+        .runs
+        .iter()
+        .map(|(p, r)| crate::plots::Series {
+            policy: p.as_str().to_string(),
+            hit_rate: r.hit_rate(),
+            ttft_ms: r.ttft_ns.iter().map(|n| *n as f64 / 1e6).collect(),
+            per_backend: backends
+                .iter()
+                .cloned()
+                .zip(r.per_backend.iter().copied())
+                .collect(),
+        })
+        .collect();
+    let stem = crate::plots::slug(&format!("{} {}", b.workload, b.distribution));
+    match crate::plots::write(dir, &stem, &b.title, &series) {
+        Ok(paths) => links(&paths),
+        Err(e) => {
+            eprintln!("error: plots for {} not written: {e}", b.title);
+            format!("\n(plots not written: {e})\n")
+        }
+    }
+}
+
+/// Markdown image links to `paths`.
+pub fn links(paths: &[std::path::PathBuf]) -> String {
+    let mut out = String::from("\n");
+    for p in paths {
+        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
+        let _ = writeln!(out, "![{name}]({})", p.display());
+    }
+    out
+}
+
 /// Runs what the flags ask for and renders it (Markdown or JSON).
 pub fn run(args: &SimArgs) -> String {
     if args.edge {
@@ -420,6 +461,9 @@ pub fn run(args: &SimArgs) -> String {
         None => {
             for b in &batches {
                 out.push_str(&report::policy_table(&b.title, &rows_of(b)));
+                if let Some(dir) = &args.plots {
+                    out.push_str(&plot_batch(dir, b, &backend_ids(base.backends)));
+                }
                 out.push('\n');
             }
         }

@@ -252,6 +252,7 @@ async fn vllm(
         leg_body.len(),
         p,
         req.request_id,
+        0,
     );
     request.extend_from_slice(&leg_body);
     let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout).await {
@@ -317,6 +318,7 @@ async fn sglang(
         leg_body.len(),
         p,
         req.request_id,
+        0,
     );
     request.extend_from_slice(&leg_body);
     let prefill_task = monoio::spawn(prefill_leg(
@@ -425,6 +427,7 @@ async fn decode_leg(
         body.len(),
         backend,
         req.request_id,
+        0,
     );
     let separate = body.len() > COALESCE_BODY;
     if !separate {

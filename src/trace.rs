@@ -1,0 +1,238 @@
+//! W3C trace context and span recording on the shards.
+//!
+//! The request parser reads the client's `traceparent` into the [`RequestHead`];
+//! [`begin`] decides whether this request is recorded (an OTLP endpoint is
+//! configured, the client's sampled flag, `traces.sample_ratio`) and gives it the
+//! gateway's own request span. Shards then fill fixed-size [`SpanRecord`]s (no heap
+//! allocation, no prompt text, no credentials) for the request, each routing decision
+//! and each upstream attempt, and hand them to the `radixgate-otlp` thread over a
+//! bounded lock-free channel ([`crate::otlp`] batches and exports them); a full
+//! channel drops the span rather than wait. Upstream, the gateway's attempt span
+//! becomes the engine's parent in the `traceparent` it sends, so engine traces join.
+
+use crate::access_log::{AccessRecord, InlineId};
+use crate::http::request::RequestHead;
+use crate::shard::Shard;
+use std::time::Instant;
+
+/// Spans buffered between the shards and the exporter; past this, spans are dropped.
+pub const CHANNEL_CAPACITY: usize = 16 << 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    /// The gateway's handling of one client request (OTLP SERVER).
+    Request,
+    /// One routing decision (OTLP INTERNAL).
+    Route,
+    /// One attempt against one backend (OTLP CLIENT).
+    Attempt,
+}
+
+impl SpanKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SpanKind::Request => "request",
+            SpanKind::Route => "route",
+            SpanKind::Attempt => "upstream attempt",
+        }
+    }
+
+    /// The OTLP `Span.SpanKind` value.
+    pub fn otlp(self) -> u8 {
+        match self {
+            SpanKind::Request => 2,
+            SpanKind::Route => 1,
+            SpanKind::Attempt => 3,
+        }
+    }
+}
+
+/// One finished span, as the shard saw it. Names are resolved on the exporter thread.
+#[derive(Clone, Copy)]
+pub struct SpanRecord {
+    pub kind: SpanKind,
+    pub trace_id: u128,
+    pub span_id: u64,
+    /// 0 for a root span.
+    pub parent_id: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub shard: usize,
+    pub backend: Option<usize>,
+    pub model: Option<usize>,
+    pub tenant: Option<usize>,
+    /// HTTP status (request, attempt); 0 when none.
+    pub status: u16,
+    /// Routing reason or error code.
+    pub reason: &'static str,
+    pub policy: &'static str,
+    /// 1-based attempt number (route, attempt spans); retries (request span).
+    pub attempt: u32,
+    pub matched_blocks: u32,
+    /// Set on request spans only.
+    pub request_id: Option<InlineId>,
+}
+
+/// A fresh non-zero span id (the thread's fastrand generator, seeded per process:
+/// ids must not repeat across restarts, unlike the shard's seeded routing RNG).
+fn span_id() -> u64 {
+    fastrand::u64(1..)
+}
+
+/// Gives the request its trace context: the gateway's request span when the request
+/// is recorded (exporter on, and the client's sampled flag or, for a new trace,
+/// `traces.sample_ratio`), and a new trace id when the client sent none. Without an
+/// exporter the client's context passes through unchanged.
+pub fn begin(shard: &Shard, head: &mut RequestHead) {
+    head.span_id = 0;
+    let Some(cfg) = &shard.shared.config.traces else {
+        return;
+    };
+    if shard.shared.spans.is_none() {
+        return;
+    }
+    let recorded = if head.trace_id != 0 {
+        head.trace_flags & 1 == 1
+    } else {
+        let sampled = cfg.sample_ratio >= 1.0 || fastrand::f64() < cfg.sample_ratio;
+        if sampled {
+            head.trace_id = fastrand::u128(1..);
+            head.trace_flags = 1;
+        }
+        sampled
+    };
+    if recorded {
+        head.span_id = span_id();
+    }
+}
+
+/// A child span of the request starts: its id and start time, when the request is
+/// recorded (no clock read otherwise).
+pub fn start_child(head: &RequestHead) -> Option<(u64, Instant)> {
+    (head.span_id != 0).then(|| (span_id(), Instant::now()))
+}
+
+/// Appends `traceparent: 00-<trace>-<span>-<flags>\r\n` when the request has a trace:
+/// the attempt's span as parent when recorded, else the client's own parent.
+pub fn write_traceparent(out: &mut Vec<u8>, head: &RequestHead, attempt_span: u64) {
+    if head.trace_id == 0 {
+        return;
+    }
+    let parent = if attempt_span != 0 {
+        attempt_span
+    } else {
+        head.parent_span_id
+    };
+    out.extend_from_slice(b"traceparent: 00-");
+    push_hex(out, head.trace_id, 32);
+    out.push(b'-');
+    push_hex(out, parent as u128, 16);
+    out.push(b'-');
+    push_hex(out, head.trace_flags as u128, 2);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the low `digits` hex digits of `n`, lowercase (no `core::fmt`).
+pub fn push_hex(out: &mut Vec<u8>, n: u128, digits: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..digits).rev() {
+        out.push(HEX[((n >> (4 * i)) & 0xf) as usize]);
+    }
+}
+
+/// Hands a span to the exporter; drops it when the channel is full.
+pub fn emit(shard: &Shard, span: SpanRecord) {
+    if let Some(tx) = &shard.shared.spans {
+        if tx.try_send(span).is_err() {
+            // Only when the exporter falls behind: one relaxed add on the drop path.
+            let dropped = &shard.shared.span_counters.dropped;
+            dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// A finished child span of the request (from [`start_child`]), to fill in.
+pub fn child(
+    shard: &Shard,
+    head: &RequestHead,
+    kind: SpanKind,
+    started: Option<(u64, Instant)>,
+) -> Option<SpanRecord> {
+    let (span_id, start) = started?;
+    Some(SpanRecord {
+        kind,
+        trace_id: head.trace_id,
+        span_id,
+        parent_id: head.span_id,
+        start,
+        end: Instant::now(),
+        shard: shard.id,
+        backend: None,
+        model: None,
+        tenant: None,
+        status: 0,
+        reason: "",
+        policy: "",
+        attempt: 0,
+        matched_blocks: 0,
+        request_id: None,
+    })
+}
+
+/// The request span, from the request's access record.
+pub fn finish_request(shard: &Shard, head: &RequestHead, started: Instant, r: &AccessRecord) {
+    if head.span_id == 0 {
+        return;
+    }
+    emit(
+        shard,
+        SpanRecord {
+            kind: SpanKind::Request,
+            trace_id: head.trace_id,
+            span_id: head.span_id,
+            parent_id: head.parent_span_id,
+            start: started,
+            end: Instant::now(),
+            shard: shard.id,
+            backend: r.backend,
+            model: r.model,
+            tenant: r.tenant,
+            status: r.status,
+            reason: r.reason,
+            policy: r.policy,
+            attempt: r.retries,
+            matched_blocks: r.matched_blocks,
+            request_id: Some(r.request_id),
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_traceparent_with_the_attempt_span() {
+        let head = RequestHead {
+            trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,
+            parent_span_id: 0x00f067aa0ba902b7,
+            trace_flags: 1,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        write_traceparent(&mut out, &head, 0xabc);
+        assert_eq!(
+            out,
+            b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000abc-01\r\n"
+        );
+        out.clear();
+        write_traceparent(&mut out, &head, 0);
+        assert_eq!(
+            out,
+            b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
+        );
+        out.clear();
+        write_traceparent(&mut out, &RequestHead::default(), 7);
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,348 @@
+//! Traces: W3C `traceparent` in, the gateway's own spans exported over OTLP/HTTP
+//! (JSON) to a receiver on loopback, and the attempt span sent upstream as the
+//! engine's parent. Checks the spans' parentage, a retried request's two attempts,
+//! an unsampled client trace and a trace the gateway starts itself. Both I/O drivers.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A minimal OTLP/HTTP receiver: every POSTed body, parsed as JSON.
+struct Collector {
+    addr: SocketAddr,
+    bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Collector {
+    fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let b = bodies.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let mut reader = BufReader::new(stream);
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    head.push_str(&line);
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                assert!(head.starts_with("POST /v1/traces HTTP/1.1\r\n"), "{head}");
+                assert!(head.contains("Content-Type: application/json"), "{head}");
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .expect("Content-Length");
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                b.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap());
+                let _ = reader.get_mut().write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+                );
+            }
+        });
+        Collector { addr, bodies }
+    }
+
+    /// Every exported span, flattened.
+    fn spans(&self) -> Vec<Value> {
+        let bodies = self.bodies.lock().unwrap();
+        let mut out = Vec::new();
+        for b in bodies.iter() {
+            for rs in b["resourceSpans"].as_array().unwrap() {
+                let service = &rs["resource"]["attributes"][0];
+                assert_eq!(service["key"], "service.name");
+                assert_eq!(service["value"]["stringValue"], "gw-under-test");
+                for ss in rs["scopeSpans"].as_array().unwrap() {
+                    out.extend(ss["spans"].as_array().unwrap().iter().cloned());
+                }
+            }
+        }
+        out
+    }
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)
+        .map(|a| &a["value"])
+}
+
+fn attr_str(span: &Value, key: &str) -> String {
+    attr(span, key)
+        .and_then(|v| v["stringValue"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn attr_int(span: &Value, key: &str) -> i64 {
+    attr(span, key)
+        .and_then(|v| v["intValue"].as_str())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+fn nanos(span: &Value, key: &str) -> u64 {
+    span[key].as_str().unwrap().parse().unwrap()
+}
+
+/// The `traceparent` an upstream received, split into (trace, parent, flags).
+fn upstream_traceparent(head: &str) -> Option<(String, String, String)> {
+    let v = head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case("traceparent").then(|| v.trim())
+    })?;
+    let p: Vec<&str> = v.split('-').collect();
+    assert_eq!(p.len(), 4, "{v}");
+    assert_eq!(p[0], "00");
+    Some((p[1].into(), p[2].into(), p[3].into()))
+}
+
+fn exports_spans_with_parentage(io: &str) {
+    let collector = Collector::start();
+    let ok = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let failing = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+    ]));
+    let extra = format!(
+        "[routing]\npolicy = \"round_robin\"\n[breaker]\nfailure_threshold = 1000000\n[retry]\nbudget_ratio = 1.0\nmin_retries_per_sec = 100\n[health]\ninterval_ms = 60000\n[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 50",
+        collector.addr
+    );
+    let gw = start_gateway(
+        io,
+        1,
+        &extra,
+        &[("ok", ok.url(), "sim"), ("failing", failing.url(), "sim")],
+    );
+    let mut c = Client::connect(gw.local_addr());
+    // Four sampled client traces: round robin sends two of them to `failing` first.
+    let client_span = "00f067aa0ba902b7";
+    let traces: Vec<String> = (0..4)
+        .map(|i| format!("4bf92f3577b34da6a3ce929d0e0e47{i:02x}"))
+        .collect();
+    for t in &traces {
+        let tp = format!("00-{t}-{client_span}-01");
+        let r = c.post(
+            "/v1/chat/completions",
+            &chat_body("hello", false),
+            &[("traceparent", &tp)],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // No traceparent: the gateway starts a trace of its own.
+    let r = c.post("/v1/chat/completions", &chat_body("fresh", false), &[]);
+    assert_eq!(r.status, 200);
+    // Not sampled by the client: nothing recorded, its context passes through.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let tp = format!("00-{unsampled}-b7ad6b7169203331-00");
+    let r = c.post(
+        "/v1/chat/completions",
+        &chat_body("unsampled", false),
+        &[("traceparent", &tp)],
+    );
+    assert_eq!(r.status, 200);
+    // Refused by the gateway (unknown model): a request span alone, status 404.
+    let refused = "11111111111111111111111111111111";
+    let tp = format!("00-{refused}-{client_span}-01");
+    let r = c.post(
+        "/v1/chat/completions",
+        r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#,
+        &[("traceparent", &tp)],
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // One shard: spans reach the exporter in the order requests finish, and batches
+    // go out in order, so once the last request's span is here, all are.
+    let complete = eventually(Duration::from_secs(10), || {
+        collector.spans().iter().any(|s| s["traceId"] == refused)
+    });
+    let spans = collector.spans();
+    assert!(complete, "{} spans: {spans:#?}", spans.len());
+
+    let by_id: HashMap<String, &Value> = spans
+        .iter()
+        .map(|s| (s["spanId"].as_str().unwrap().to_string(), s))
+        .collect();
+    assert_eq!(by_id.len(), spans.len(), "span ids are unique");
+    let seen = [ok.seen(), failing.seen()].concat();
+    let mut retried = 0;
+    for t in &traces {
+        let of_trace: Vec<&Value> = spans.iter().filter(|s| s["traceId"] == *t).collect();
+        let request: Vec<_> = of_trace.iter().filter(|s| s["name"] == "request").collect();
+        assert_eq!(request.len(), 1, "{of_trace:#?}");
+        let request = request[0];
+        assert_eq!(request["kind"], 2);
+        assert_eq!(request["parentSpanId"], client_span);
+        assert_eq!(attr_int(request, "http.response.status_code"), 200);
+        assert_eq!(attr_str(request, "radixgate.backend"), "ok");
+        assert_eq!(attr_str(request, "gen_ai.request.model"), "sim");
+        let request_id = request["spanId"].as_str().unwrap();
+        let attempts: Vec<_> = of_trace
+            .iter()
+            .filter(|s| s["name"] == "upstream attempt")
+            .collect();
+        let routes: Vec<_> = of_trace.iter().filter(|s| s["name"] == "route").collect();
+        assert_eq!(attempts.len(), routes.len());
+        assert_eq!(
+            attr_int(request, "radixgate.retries"),
+            attempts.len() as i64 - 1
+        );
+        for s in attempts.iter().chain(routes.iter()) {
+            assert_eq!(s["parentSpanId"], request_id, "{s:#}");
+            assert!(nanos(s, "startTimeUnixNano") >= nanos(request, "startTimeUnixNano"));
+            assert!(nanos(s, "endTimeUnixNano") <= nanos(request, "endTimeUnixNano"));
+            assert!(nanos(s, "startTimeUnixNano") <= nanos(s, "endTimeUnixNano"));
+        }
+        for a in &attempts {
+            assert_eq!(a["kind"], 3);
+            // The engine saw exactly this attempt as its parent.
+            let sent: Vec<_> = seen
+                .iter()
+                .filter_map(|s| upstream_traceparent(&s.head))
+                .filter(|(trace, parent, _)| trace == t && parent == a["spanId"].as_str().unwrap())
+                .collect();
+            assert_eq!(sent.len(), 1, "attempt {a:#} not seen upstream");
+            assert_eq!(sent[0].2, "01");
+            let backend = attr_str(a, "radixgate.backend");
+            let status = attr_int(a, "http.response.status_code");
+            match backend.as_str() {
+                "failing" => {
+                    assert_eq!(status, 503);
+                    assert_eq!(a["status"]["code"], 2, "a 503 attempt is an error");
+                }
+                "ok" => assert_eq!(status, 200),
+                other => panic!("attempt on {other}"),
+            }
+        }
+        if attempts.len() == 2 {
+            retried += 1;
+            let first = attempts
+                .iter()
+                .find(|a| attr_int(a, "radixgate.attempt") == 1);
+            assert_eq!(attr_str(first.unwrap(), "radixgate.backend"), "failing");
+        }
+    }
+    assert!(
+        retried >= 1,
+        "round robin sends some requests to `failing` first"
+    );
+
+    // The gateway's own trace: a root request span, and the same trace id upstream.
+    let own: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "request" && s.get("parentSpanId").is_none())
+        .collect();
+    assert_eq!(own.len(), 1, "{own:#?}");
+    let own_trace = own[0]["traceId"].as_str().unwrap();
+    assert!(!traces.iter().any(|t| t == own_trace));
+    assert!(seen
+        .iter()
+        .filter_map(|s| upstream_traceparent(&s.head))
+        .any(|(trace, _, flags)| trace == own_trace && flags == "01"));
+
+    // Unsampled: no spans; the upstream got the client's context unchanged.
+    assert!(!spans.iter().any(|s| s["traceId"] == unsampled));
+    assert!(seen
+        .iter()
+        .filter_map(|s| upstream_traceparent(&s.head))
+        .any(|(trace, parent, flags)| trace == unsampled
+            && parent == "b7ad6b7169203331"
+            && flags == "00"));
+
+    // Refused: one request span with the error's status, no children.
+    let of_refused: Vec<&Value> = spans.iter().filter(|s| s["traceId"] == refused).collect();
+    assert_eq!(of_refused.len(), 1, "{of_refused:#?}");
+    assert_eq!(attr_int(of_refused[0], "http.response.status_code"), 404);
+    assert_eq!(
+        attr_str(of_refused[0], "radixgate.reason"),
+        "model_not_found"
+    );
+
+    // Routed traces: a request span and a route and attempt span per attempt.
+    let attempts = spans
+        .iter()
+        .filter(|s| s["name"] == "upstream attempt")
+        .count();
+    let routes = spans.iter().filter(|s| s["name"] == "route").count();
+    let requests = spans.iter().filter(|s| s["name"] == "request").count();
+    assert_eq!((requests, routes), (6, attempts));
+    // The gateway's own trace may have been retried too.
+    assert!(attempts >= 5 + retried, "{attempts} attempts");
+    let exported = spans.len() as f64;
+    assert!(eventually(Duration::from_secs(5), || {
+        let m = Client::connect(gw.local_addr()).get("/metrics").text();
+        metric(&m, "radixgate_trace_spans_total{outcome=\"exported\"}") == Some(exported)
+    }));
+}
+both_drivers!(exports_spans_with_parentage);
+
+/// A collector that is down costs the requests nothing; its spans are counted failed.
+fn collector_down_is_counted(io: &str) {
+    // A port nothing listens on: bind, note it, close.
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let ok = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let extra =
+        format!("[traces]\notlp_endpoint = \"http://{dead}/v1/traces\"\nexport_interval_ms = 20");
+    let gw = start_gateway(io, 1, &extra, &[("ok", ok.url(), "sim")]);
+    let mut c = Client::connect(gw.local_addr());
+    for _ in 0..3 {
+        let r = c.post("/v1/chat/completions", &chat_body("hi", false), &[]);
+        assert_eq!(r.status, 200);
+    }
+    // Each request: request, route and attempt spans.
+    let counted = eventually(Duration::from_secs(10), || {
+        let m = Client::connect(gw.local_addr()).get("/metrics").text();
+        metric(&m, "radixgate_trace_spans_total{outcome=\"failed\"}") == Some(9.0)
+    });
+    assert!(counted);
+    // Every upstream request still carried a context.
+    assert!(ok
+        .seen()
+        .iter()
+        .all(|s| upstream_traceparent(&s.head).is_some()));
+}
+both_drivers!(collector_down_is_counted);
+
+#[test]
+fn bad_endpoints_are_refused_by_config() {
+    for (endpoint, expect) in [
+        ("https://collector:4318/v1/traces", "not an http:// URL"),
+        ("http://:4318/v1/traces", "no host or port"),
+    ] {
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[traces]\notlp_endpoint = \"{endpoint}\"\n[[backends]]\nid = \"b\"\nurl = \"http://127.0.0.1:1\"\nmodels = [\"m\"]\n"
+        );
+        let err = radixgate::Config::from_toml(&toml).unwrap_err().to_string();
+        assert!(err.contains(expect), "{err}");
+    }
+    let toml = "[server]\nlisten = \"127.0.0.1:0\"\n[traces]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 2.0\n[[backends]]\nid = \"b\"\nurl = \"http://127.0.0.1:1\"\nmodels = [\"m\"]\n";
+    let err = radixgate::Config::from_toml(toml).unwrap_err().to_string();
+    assert!(err.contains("traces.sample_ratio"), "{err}");
+}
