@@ -61,6 +61,8 @@ impl Throttle {
 /// drop.
 pub struct Admission<'t> {
     pub tenant: &'t Tenant,
+    /// Requests charged (1, or a workflow's nodes).
+    pub charged_requests: u64,
     /// Tokens charged up front (to reconcile with the actual usage).
     pub charged_tokens: u64,
 }
@@ -70,7 +72,7 @@ impl Admission<'_> {
     /// and tokens back. The concurrency slot is released on drop as usual.
     pub fn refund(&self, now_ms: u64) {
         if let Some(b) = &self.tenant.requests {
-            b.adjust(1, now_ms);
+            b.adjust(self.charged_requests as i64, now_ms);
         }
         if let (Some(b), n @ 1..) = (&self.tenant.tokens, self.charged_tokens) {
             b.adjust(n as i64, now_ms);
@@ -89,6 +91,17 @@ impl Drop for Admission<'_> {
 impl Tenant {
     /// Checks concurrency, then requests, then tokens (`cost_tokens` up front).
     pub fn admit(&self, cost_tokens: u64, now_ms: u64) -> Result<Admission<'_>, Throttle> {
+        self.admit_many(1, cost_tokens, now_ms)
+    }
+
+    /// [`Self::admit`] for `requests` requests at once that share one concurrency
+    /// slot (a workflow's nodes).
+    pub fn admit_many(
+        &self,
+        requests: u64,
+        cost_tokens: u64,
+        now_ms: u64,
+    ) -> Result<Admission<'_>, Throttle> {
         if let Some(cap) = self.max_concurrency {
             if self.in_flight.fetch_add(1, Ordering::Relaxed) >= cap {
                 self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -97,18 +110,19 @@ impl Tenant {
         }
         let admission = Admission {
             tenant: self,
+            charged_requests: requests,
             charged_tokens: 0,
         };
         if let Some(b) = &self.requests {
-            b.take(1, now_ms)
+            b.take(requests, now_ms)
                 .map_err(|ms| Throttle::Requests { retry_after_ms: ms })?;
         }
         let mut admission = admission;
         if let Some(b) = &self.tokens {
             if let Err(ms) = b.take(cost_tokens, now_ms) {
-                // Give the request token back: this request is not served.
+                // Give the request tokens back: this request is not served.
                 if let Some(r) = &self.requests {
-                    r.adjust(1, now_ms);
+                    r.adjust(requests as i64, now_ms);
                 }
                 return Err(Throttle::Tokens { retry_after_ms: ms });
             }

@@ -74,6 +74,7 @@ pub async fn serve(
     body: &[u8],
     request_id: &str,
 ) -> Result<bool, GatewayError> {
+    let received = Instant::now();
     let tenant = crate::proxy::authenticate(shard, head)?;
     // Under tenant prefix isolation a tenant's nodes hash and cache apart, as its
     // own requests do.
@@ -97,6 +98,29 @@ pub async fn serve(
         GatewayError::invalid_param(param, e.to_string())
     })?;
     drop(specs);
+    // The tenant's quotas, as for its own requests: every node is a request, and the
+    // tokens are estimated up front (prompt bytes / 4 + the default completion per
+    // node; parents' outputs are not known yet) and reconciled with the nodes'
+    // reported usage at the end. The workflow holds one concurrency slot.
+    let now = shard.shared.now_ms();
+    let admission = match tenant.map(|t| &shard.shared.tenants[t]) {
+        None => None,
+        Some(t) => {
+            let tokens: u64 = nodes
+                .iter()
+                .map(|n| n.template.len() as u64 / 4 + crate::proxy::DEFAULT_COMPLETION_ESTIMATE)
+                .sum();
+            match t.admit_many(nodes.len() as u64, tokens, now) {
+                Ok(a) => Some(a),
+                Err(throttle) => {
+                    return crate::proxy::answer_throttle(
+                        shard, client, head, request_id, tenant, t, throttle, received,
+                    )
+                    .await
+                }
+            }
+        }
+    };
     let keep_alive = head.keep_alive;
     let mut sink = Sink {
         client,
@@ -128,6 +152,14 @@ pub async fn serve(
     )
     .await;
     let result = render_result(shard, &nodes, &outcomes, request_id, started);
+    if let Some(bucket) = admission.as_ref().and_then(|a| a.tenant.tokens.as_ref()) {
+        let used: u64 = outcomes
+            .iter()
+            .map(|o| o.prompt_tokens.unwrap_or(0) + o.completion_tokens.unwrap_or(0))
+            .sum();
+        let charged = admission.as_ref().map_or(0, |a| a.charged_tokens);
+        bucket.adjust(charged as i64 - used as i64, shard.shared.now_ms());
+    }
     // Each node counted itself under its backend; the workflow counts once here.
     shard.metrics.borrow_mut().count_request(RequestKey {
         backend: None,

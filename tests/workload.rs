@@ -582,3 +582,39 @@ fn workflows_are_authenticated_and_isolated_per_tenant(io: &str) {
     assert_ne!(salts[0], salts[1]);
 }
 both_drivers!(workflows_are_authenticated_and_isolated_per_tenant);
+
+/// A workflow is charged to its tenant's quotas like its own requests: one request
+/// per node, so a workflow larger than what is left of the bucket is a 429 with the
+/// rate-limit headers before any node runs.
+fn workflows_are_charged_to_tenant_quotas(io: &str) {
+    let content = r#"{"choices":[{"index":0,"text":"done"}]}"#;
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{content}",
+        content.len()
+    );
+    let upstream = ScriptedUpstream::start(Script::Reply(vec![reply.into_bytes()]));
+    let toml = format!(
+        "[auth]\nrequired = true\n[[tenants]]\nname = \"acme\"\nkeys = [\"{}\"]\nrequests_per_sec = 4\n",
+        radixgate::tenants::hash_key("sk-acme"),
+    );
+    let gw = start_gateway(io, 1, &toml, &[("up", upstream.url(), "sim")]);
+    let nodes = |n: usize| {
+        let list: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"id":"n{i}","model":"sim","prompt":"p{i}"}}"#))
+            .collect();
+        format!(r#"{{"nodes":[{}]}}"#, list.join(","))
+    };
+    let auth = [("Authorization", "Bearer sk-acme")];
+    // Three nodes fit in the bucket of four...
+    let r = Client::connect(gw.local_addr()).post("/v1/workflows", &nodes(3), &auth);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(upstream.seen().len(), 3);
+    // ...and the next three do not: refused whole, nothing sent upstream.
+    let r = Client::connect(gw.local_addr()).post("/v1/workflows", &nodes(3), &auth);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(r.header("x-ratelimit-limit-requests"), Some("4"));
+    assert_eq!(upstream.seen().len(), 3);
+}
+both_drivers!(workflows_are_charged_to_tenant_quotas);

@@ -262,7 +262,7 @@ pub(crate) fn parse_prompt(
 }
 
 /// Output tokens charged up front when a request gives no `max_tokens`.
-const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
+pub(crate) const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
 
 /// The tenant of the request's API key. `Ok(None)`: anonymous (allowed only when
 /// `auth.required` is off and no key was sent).
@@ -295,7 +295,7 @@ pub(crate) fn authenticate(
 
 /// 429 with `Retry-After` and the tenant's `X-RateLimit-*` headers.
 #[allow(clippy::too_many_arguments)]
-async fn answer_throttle(
+pub(crate) async fn answer_throttle(
     shard: &Shard,
     client: &mut TcpStream,
     head: &RequestHead,
