@@ -224,10 +224,19 @@ impl Client {
         }
     }
 
-    /// True once the server has closed the connection.
+    /// True once the server has closed the connection: an end of stream, or a reset
+    /// (a server that closes with our unread bytes in its buffer sends RST, and which
+    /// of the two the client sees depends on timing).
     pub fn is_closed(&mut self) -> bool {
         let mut byte = [0u8; 1];
-        matches!(self.reader.read(&mut byte), Ok(0))
+        match self.reader.read(&mut byte) {
+            Ok(0) => true,
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ),
+            Ok(_) => false,
+        }
     }
 }
 
