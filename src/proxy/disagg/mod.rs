@@ -244,17 +244,7 @@ async fn vllm(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let mut request = shard.take_buffer();
-    write_upstream_head(
-        shard,
-        &mut request,
-        req.head,
-        leg_body.len(),
-        p,
-        req.request_id,
-        0,
-    );
-    request.extend_from_slice(&leg_body);
+    let request = prefill_request(shard, req, p, &leg_body);
     let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout).await {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
@@ -310,17 +300,7 @@ async fn sglang(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let mut request = shard.take_buffer();
-    write_upstream_head(
-        shard,
-        &mut request,
-        req.head,
-        leg_body.len(),
-        p,
-        req.request_id,
-        0,
-    );
-    request.extend_from_slice(&leg_body);
+    let request = prefill_request(shard, req, p, &leg_body);
     let prefill_task = monoio::spawn(prefill_leg(
         shard.clone(),
         p,
@@ -356,6 +336,22 @@ async fn sglang(
         (Split::DecodeFailed { .. }, Err(e)) => Split::PrefillFailed(e),
         (outcome, _) => outcome,
     }
+}
+
+/// A prefill leg's request to backend `p`: the client's head with `leg_body`.
+fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) -> Vec<u8> {
+    let mut request = shard.take_buffer();
+    write_upstream_head(
+        shard,
+        &mut request,
+        req.head,
+        leg_body.len(),
+        p,
+        req.request_id,
+        0,
+    );
+    request.extend_from_slice(leg_body);
+    request
 }
 
 /// The most a prefill leg's answer (one token and its `kv_transfer_params`) may be.
