@@ -293,6 +293,7 @@ mod tests {
             session_home: false,
             pending_prefill_tokens: 0,
             uncached_media_tokens: 0,
+            cache_free_blocks: None,
         }];
         // 15 blocks = 240 tokens < 256: local.
         assert_eq!(
@@ -313,6 +314,7 @@ mod tests {
             session_home: false,
             pending_prefill_tokens: 0,
             uncached_media_tokens: 0,
+            cache_free_blocks: None,
         }];
         assert_eq!(
             decide(&policy, &cost, &input(&WARM, 100)),
@@ -328,6 +330,7 @@ mod tests {
                 session_home: false,
                 pending_prefill_tokens: 0,
                 uncached_media_tokens: 0,
+                cache_free_blocks: None,
             },
             Candidate {
                 backend: 1,
@@ -338,6 +341,7 @@ mod tests {
                 session_home: false,
                 pending_prefill_tokens: 0,
                 uncached_media_tokens: 0,
+                cache_free_blocks: None,
             },
         ];
         assert_eq!(

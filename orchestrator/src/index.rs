@@ -319,6 +319,13 @@ impl PrefixIndex {
         self.backends.get(backend).map_or(0, |s| s.held)
     }
 
+    /// Blocks `backend` can still take before its least-recently-used ones are evicted
+    /// (`capacity - held`); `None` for an undeclared backend, which holds nothing.
+    pub fn free_blocks(&self, backend: BackendIdx) -> Option<usize> {
+        let slot = self.backends.get(backend).filter(|s| s.declared)?;
+        Some(slot.capacity.saturating_sub(slot.held))
+    }
+
     /// Live nodes, the root not counted.
     pub fn node_count(&self) -> usize {
         self.nodes.len() - self.free.len() - 1

@@ -65,6 +65,7 @@ pub fn route<P: RoutingPolicy + ?Sized>(
         .extend(fleet.into_iter().map(|c| Candidate {
             matched_blocks: matched.get(c.backend).copied().unwrap_or(0),
             session_home: request.session_home == Some(c.backend),
+            cache_free_blocks: free_blocks(index, c.backend),
             ..c
         }));
     let input = RouteInput {
@@ -86,6 +87,13 @@ pub fn route<P: RoutingPolicy + ?Sized>(
         in_flight_before: chosen.in_flight,
         longest_match: scratch.matches.longest,
     })
+}
+
+/// [`Candidate::cache_free_blocks`] from the index (saturated to `u32::MAX`).
+pub fn free_blocks(index: &PrefixIndex, backend: BackendIdx) -> Option<u32> {
+    index
+        .free_blocks(backend)
+        .map(|free| u32::try_from(free).unwrap_or(u32::MAX))
 }
 
 #[cfg(test)]

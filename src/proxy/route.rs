@@ -121,7 +121,8 @@ pub(super) fn fill_candidates(
     let shared = &shard.shared;
     shard.candidates.borrow_mut().clear();
     let mut matches = shard.matches.borrow_mut();
-    shard.index.borrow().match_prefix(blocks, &mut matches);
+    let index = shard.index.borrow();
+    index.match_prefix(blocks, &mut matches);
     let fleet = shard.fleet.borrow();
     let live = &*fleet.live;
     let serving = live.backends.serving(model);
@@ -171,6 +172,7 @@ pub(super) fn fill_candidates(
                 prefill_ns_per_token: prefill_ns[b],
                 session_home: session_home == Some(b),
                 uncached_media_tokens: media.uncached_tokens(matched_blocks),
+                cache_free_blocks: radixgate_orchestrator::route::free_blocks(&index, b),
             });
         }
     }

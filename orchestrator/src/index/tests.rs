@@ -30,6 +30,18 @@ fn empty_index_matches_nothing() {
 }
 
 #[test]
+fn free_blocks_is_the_room_left_before_eviction() {
+    let mut idx = index(100, &[10, 10]);
+    assert_eq!(idx.free_blocks(0), Some(10));
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    assert_eq!(idx.free_blocks(0), Some(6));
+    idx.insert(0, &(10..30).collect::<Vec<u64>>(), 2);
+    assert_eq!(idx.free_blocks(0), Some(0));
+    assert_eq!(idx.free_blocks(1), Some(10));
+    assert_eq!(idx.free_blocks(2), None, "undeclared");
+}
+
+#[test]
 fn one_chain_is_one_node() {
     let mut idx = index(100, &[10]);
     idx.insert(0, &[1, 2, 3, 4], 1);

@@ -49,6 +49,10 @@ pub struct Candidate {
     /// Prompt tokens of the request's images and audio this backend would still have
     /// to encode and prefill ([`crate::MediaNeeds::uncached_tokens`]; 0 for text).
     pub uncached_media_tokens: u32,
+    /// Blocks this backend's cache can still take before it must evict, per the prefix
+    /// index (`capacity - held`); `None` when unknown. A prompt's missing blocks beyond
+    /// this evict what the backend holds now.
+    pub cache_free_blocks: Option<u32>,
 }
 
 // === impl Candidate ===

@@ -103,6 +103,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             pending_prefill_tokens: 0,
             session_home: false,
             uncached_media_tokens: 0,
+            cache_free_blocks: None,
         }
     );
 }

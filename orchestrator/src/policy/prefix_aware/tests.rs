@@ -254,6 +254,44 @@ fn load_beats_a_short_match() {
 }
 
 #[test]
+fn a_spill_into_a_full_cache_pays_for_what_it_evicts() {
+    // As in the exchange-rate test: a 100-block prompt whose 96-block document backend
+    // 0 holds. With room on backend 1, the seventh request ahead spills; when backend
+    // 1's cache is full, the spill would evict 100 blocks (+8 ms at a quarter of their
+    // 32 ms prefill), so the holder keeps it up to eight ahead; with room for half the
+    // prompt, up to seven.
+    let mut p = defaults();
+    let target = |free| Candidate {
+        cache_free_blocks: free,
+        ..c(1, 0, 0)
+    };
+    for (free, keeps_up_to) in [(None, 6), (Some(100), 6), (Some(50), 7), (Some(0), 8)] {
+        for ahead in 0..=keeps_up_to {
+            let cands = [c(0, ahead, 96), target(free)];
+            assert_eq!(
+                pick(&mut p, &cands, 100),
+                picked(0, Reason::LongestPrefix),
+                "free {free:?}, {ahead} ahead"
+            );
+        }
+        let cands = [c(0, keeps_up_to + 1, 96), target(free)];
+        assert_eq!(
+            pick(&mut p, &cands, 100),
+            picked(1, Reason::FallbackLeastLoaded),
+            "free {free:?}"
+        );
+    }
+    // Ranking only: the TTFT estimate admission uses does not include it.
+    assert_eq!(
+        p.est_ttft_ns(&target(Some(0)), 100),
+        p.est_ttft_ns(&target(None), 100)
+    );
+    assert_eq!(p.eviction_ns(&target(Some(0)), 100), 8.0 * MS);
+    assert_eq!(p.eviction_ns(&target(Some(100)), 100), 0.0);
+    assert_eq!(p.eviction_ns(&c(0, 0, 96), 100), 0.0);
+}
+
+#[test]
 fn the_documented_exchange_rate() {
     // A 6 KB document (96 blocks) plus a 4-block question: the holder keeps it with up
     // to six more requests than an idle backend, and the seventh spills.
