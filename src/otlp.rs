@@ -173,7 +173,7 @@ pub fn encode(
                     "radixgate.matched_blocks",
                     s.matched_blocks as u64,
                 );
-                if let Some(id) = &s.request_id {
+                if let Some(id) = &s.id {
                     attr_str(&mut out, "radixgate.request_id", id.as_str());
                 }
             }
@@ -186,6 +186,13 @@ pub fn encode(
                 );
             }
             SpanKind::Attempt => attr_int(&mut out, "radixgate.attempt", s.attempt as u64),
+            SpanKind::PrefillLeg => attr_str(&mut out, "radixgate.role", "prefill"),
+            SpanKind::DecodeLeg => attr_str(&mut out, "radixgate.role", "decode"),
+            SpanKind::Node => {
+                if let Some(id) = &s.id {
+                    attr_str(&mut out, "radixgate.workflow.node", id.as_str());
+                }
+            }
         }
         out.extend_from_slice(b"],");
         // ERROR for 5xx answers (the gateway's or a backend's); else unset.
@@ -306,7 +313,7 @@ mod tests {
             policy: "prefix_aware",
             attempt: 2,
             matched_blocks: 7,
-            request_id: Some(InlineId::new("req-1")),
+            id: Some(InlineId::new("req-1")),
         };
         let spans = [
             span(SpanKind::Request, 0, 502),

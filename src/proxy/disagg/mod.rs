@@ -33,6 +33,7 @@ use crate::fleet::InFlightGuard;
 use crate::metrics::RequestKey;
 use crate::observe::{Usage, UsageScanner};
 use crate::shard::Shard;
+use crate::trace::{ChildSpan, SpanKind, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -72,6 +73,7 @@ pub(super) async fn forward(
     // (its headers name both ends) and the failed leg.
     let mut last: Option<(GatewayError, Route, Leg)> = None;
     loop {
+        let route_span = crate::trace::start_child(&TraceContext::of(req.head));
         let (prefill, decode) = match pair::choose(
             shard,
             &blocks,
@@ -113,6 +115,20 @@ pub(super) async fn forward(
                 None => return Err(e),
             },
         };
+        if last.is_none() {
+            shard
+                .metrics
+                .borrow_mut()
+                .decision
+                .observe(req.started.elapsed());
+        }
+        if let Some(mut span) = crate::trace::child(shard, SpanKind::Route, route_span) {
+            span.backend = Some(decode.pick.backend);
+            span.reason = decode.pick.reason.as_str();
+            span.attempt = prefill_failures + decode_failures + 1;
+            span.matched_blocks = prefill.matched_blocks;
+            crate::trace::emit(shard, span);
+        }
         let may_retry_decode = decode_failures + 1 < split.decode_attempts;
         let _probe = ProbeGuard::enter(shard, &prefill);
         let outcome = match split.protocol {
@@ -244,8 +260,9 @@ async fn vllm(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let request = prefill_request(shard, req, p, &leg_body);
-    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout).await {
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
+    let request = prefill_request(shard, req, p, &leg_body, span);
+    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout, span).await {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
         Ok((200, answer)) => body::transfer_params(&answer),
@@ -300,12 +317,14 @@ async fn sglang(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let request = prefill_request(shard, req, p, &leg_body);
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
+    let request = prefill_request(shard, req, p, &leg_body, span);
     let prefill_task = monoio::spawn(prefill_leg(
         shard.clone(),
         p,
         request,
         split.prefill_timeout,
+        span,
     ));
     let outcome = decode_leg(
         shard,
@@ -338,8 +357,15 @@ async fn sglang(
     }
 }
 
-/// A prefill leg's request to backend `p`: the client's head with `leg_body`.
-fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) -> Vec<u8> {
+/// A prefill leg's request to backend `p`: the client's head with `leg_body`, its
+/// `traceparent` naming the leg's `span`.
+fn prefill_request(
+    shard: &Shard,
+    req: &Request<'_>,
+    p: usize,
+    leg_body: &[u8],
+    span: Option<ChildSpan>,
+) -> Vec<u8> {
     let mut request = shard.take_buffer();
     write_upstream_head(
         shard,
@@ -348,7 +374,7 @@ fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) 
         leg_body.len(),
         p,
         req.request_id,
-        0,
+        crate::trace::id_of(span),
     );
     request.extend_from_slice(leg_body);
     request
@@ -358,12 +384,13 @@ fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) 
 const PREFILL_RESPONSE_LIMIT: usize = 1 << 20;
 
 /// Runs a prefill leg on `backend` and reads its answer whole (its own task under
-/// SGLang, so it owns what it uses).
+/// SGLang, so it owns what it uses); ends the leg's `span`.
 async fn prefill_leg(
     shard: Rc<Shard>,
     backend: usize,
     request: Vec<u8>,
     timeout: Duration,
+    span: Option<ChildSpan>,
 ) -> Result<(u16, Vec<u8>), GatewayError> {
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
     let started = Instant::now();
@@ -392,6 +419,14 @@ async fn prefill_leg(
         )),
     };
     shard.report_outcome(backend, matches!(&result, Ok((s, _)) if *s < 500));
+    if let Some(mut span) = crate::trace::child(&shard, SpanKind::PrefillLeg, span) {
+        span.backend = Some(backend);
+        (span.status, span.reason) = match &result {
+            Ok((status, _)) => (*status, ""),
+            Err(e) => (e.status(), e.code()),
+        };
+        crate::trace::emit(&shard, span);
+    }
     shard
         .metrics
         .borrow_mut()
@@ -415,6 +450,7 @@ async fn decode_leg(
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, route);
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
     let mut request = shard.take_buffer();
     write_upstream_head(
         shard,
@@ -423,7 +459,7 @@ async fn decode_leg(
         body.len(),
         backend,
         req.request_id,
-        0,
+        crate::trace::id_of(span),
     );
     let separate = body.len() > COALESCE_BODY;
     if !separate {
@@ -461,6 +497,11 @@ async fn decode_leg(
                 .observe(first.saturating_duration_since(leg_started));
         }
         m.disagg.decode_leg.observe(leg_started.elapsed());
+    }
+    if let Some(mut span) = crate::trace::child(shard, SpanKind::DecodeLeg, span) {
+        span.backend = Some(backend);
+        (span.status, span.reason) = Failure::span_outcome(&result, exchange.status);
+        crate::trace::emit(shard, span);
     }
     match result {
         Ok(keep_open) => {
