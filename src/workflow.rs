@@ -163,11 +163,10 @@ pub async fn serve(
         bucket.adjust(charged as i64 - used as i64, shard.shared.now_ms());
     }
     // Each node counted itself under its backend; the workflow counts once here.
-    shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: None,
-        status: 200,
-        reason: "workflow",
-    });
+    shard
+        .metrics
+        .borrow_mut()
+        .count_request(RequestKey::gateway(200, "workflow"));
     finish(shard, head, request_id, tenant, &outcomes, received);
     if stream {
         let mut event = b"data: ".to_vec();

@@ -87,7 +87,7 @@ fn images_go_only_to_capable_backends(io: &str) {
     assert_eq!(
         metric(
             &m,
-            "radixgate_requests_total{backend=\"none\",status=\"415\",reason=\"unsupported_media\"}"
+            "radixgate_requests_total{backend=\"none\",status=\"415\",reason=\"unsupported_media\",model=\"\"}"
         ),
         Some(1.0),
         "{m}"
@@ -254,7 +254,7 @@ fn rag_chunk_sets_meet_on_one_engine(io: &str) {
     assert!(plain.header("x-router-chunks").is_none());
     let m = Client::connect(addr).get("/metrics").text();
     assert_eq!(
-        metric(&m, &format!("radixgate_requests_total{{backend=\"{home}\",status=\"200\",reason=\"chunk-affinity\"}}")),
+        metric(&m, &format!("radixgate_requests_total{{backend=\"{home}\",status=\"200\",reason=\"chunk-affinity\",model=\"sim\"}}")),
         Some(1.0),
         "{m}"
     );

@@ -478,10 +478,8 @@ impl Exchange<'_> {
             backend: Some(backend),
             status: self.status,
             reason: route.pick.reason.as_str(),
+            model: Some(facts.model),
         });
-        *m.model_requests
-            .entry((facts.model, self.status))
-            .or_insert(0) += 1;
         let now = Instant::now();
         let ttft = self
             .first_byte

@@ -370,11 +370,7 @@ async fn answer_refusal(
     shard
         .metrics
         .borrow_mut()
-        .count_request(crate::metrics::RequestKey {
-            backend: None,
-            status: e.status(),
-            reason: e.code(),
-        });
+        .count_request(crate::metrics::RequestKey::gateway(e.status(), e.code()));
     let (r, _) = client
         .write_all(e.to_response(&extra, head.keep_alive))
         .await;

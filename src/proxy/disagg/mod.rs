@@ -238,6 +238,7 @@ async fn answer(
             backend: Some(prefill),
             status: e.status(),
             reason: route.pick.reason.as_str(),
+            model: Some(req.facts.model),
         });
     }
     let keep = answer_error(shard, client, e, route, req.head.keep_alive, req.request_id).await?;
@@ -549,6 +550,7 @@ async fn relay(
         backend: Some(route.prefill.unwrap_or(route.pick.backend)),
         status,
         reason: route.pick.reason.as_str(),
+        model: Some(req.facts.model),
     });
     let mut out = Vec::with_capacity(256 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
