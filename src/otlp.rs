@@ -37,7 +37,9 @@ pub struct SpanCounters {
     pub dropped: AtomicU64,
 }
 
-/// Runs the exporter until every sender is gone, then flushes what is left.
+/// Runs the exporter until every sender is gone or `stop` disconnects (the gateway
+/// stops it once the shards have ended, so every span is queued by then), then
+/// exports what is left.
 pub fn run(
     spans: Receiver<SpanRecord>,
     config: TracesConfig,
@@ -45,14 +47,26 @@ pub fn run(
     updates: Receiver<Arc<LiveConfig>>,
     tenants: Vec<String>,
     counters: Arc<SpanCounters>,
+    stop: Receiver<()>,
 ) {
     let mut batch: Vec<SpanRecord> = Vec::with_capacity(MAX_BATCH);
     let mut deadline: Option<Instant> = None;
     let mut failing = false;
+    let mut stopping = false;
     loop {
-        let received = match deadline {
-            None => spans.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(d) => spans.recv_timeout(d.saturating_duration_since(Instant::now())),
+        let received = if stopping {
+            // Whatever is queued, then the end.
+            spans.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            let timeout = deadline.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+            crossbeam_channel::select! {
+                recv(spans) -> r => r.map_err(|_| RecvTimeoutError::Disconnected),
+                recv(stop) -> _ => {
+                    stopping = true;
+                    continue;
+                }
+                recv(timeout) -> _ => Err(RecvTimeoutError::Timeout),
+            }
         };
         let done = match received {
             Ok(span) => {
