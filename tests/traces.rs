@@ -487,6 +487,32 @@ fn workflow_nodes_are_spans(io: &str) {
 }
 both_drivers!(workflow_nodes_are_spans);
 
+/// Spans still batched when the gateway stops are exported before `shutdown`
+/// returns (here the export interval would hold them for a minute).
+fn spans_are_exported_at_shutdown(io: &str) {
+    let collector = Collector::start();
+    let ok = ScriptedUpstream::start(Script::Reply(vec![OK_JSON.to_vec()]));
+    let extra = format!(
+        "[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 60000",
+        collector.addr
+    );
+    let gw = start_gateway(io, 1, &extra, &[("ok", ok.url(), "sim")]);
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat_body("last", false),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    assert!(collector.spans().is_empty());
+    gw.shutdown();
+    // The collector thread may still be parsing the last POST.
+    assert!(eventually(Duration::from_secs(2), || collector
+        .spans()
+        .len()
+        == 3));
+}
+both_drivers!(spans_are_exported_at_shutdown);
+
 /// A collector that is down costs the requests nothing; its spans are counted failed.
 fn collector_down_is_counted(io: &str) {
     // A port nothing listens on: bind, note it, close.
