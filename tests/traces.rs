@@ -342,11 +342,19 @@ fn parents_seen(upstream: &ScriptedUpstream, trace: &str) -> Vec<String> {
 const OK_JSON: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
 
-/// A split request: the request span has a prefill leg span and a decode leg span as
-/// children, and each engine received a `traceparent` naming its own leg's span.
-fn split_legs_are_spans(io: &str, protocol: &str) {
+/// A gateway in split mode (`mode = "always"` and `disagg` keys) over one prefill
+/// and one decode upstream answering `prefill_reply` and `{}`, exporting to a
+/// collector.
+struct Split {
+    collector: Collector,
+    prefill: ScriptedUpstream,
+    decode: ScriptedUpstream,
+    gw: radixgate::Gateway,
+}
+
+fn split_gateway(io: &str, protocol: &str, prefill_reply: &[u8], disagg: &str) -> Split {
     let collector = Collector::start();
-    let prefill = ScriptedUpstream::start(Script::Reply(vec![OK_JSON.to_vec()]));
+    let prefill = ScriptedUpstream::start(Script::Reply(vec![prefill_reply.to_vec()]));
     let decode = ScriptedUpstream::start(Script::Reply(vec![OK_JSON.to_vec()]));
     // The SGLang prefill server's bootstrap port only goes into the legs' bodies.
     let bootstrap = if protocol == "sglang" {
@@ -355,13 +363,29 @@ fn split_legs_are_spans(io: &str, protocol: &str) {
         ""
     };
     let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\nio = \"{io}\"\n[health]\ninterval_ms = 60000\n[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 20\n[models.sim.disagg]\nprotocol = \"{protocol}\"\nmode = \"always\"\n\n[[backends]]\nid = \"prefill-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"prefill\"\n{bootstrap}\n[[backends]]\nid = \"decode-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"decode\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\nio = \"{io}\"\n[health]\ninterval_ms = 60000\n[breaker]\nfailure_threshold = 1000000\n[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 20\n[models.sim.disagg]\nprotocol = \"{protocol}\"\nmode = \"always\"\n{disagg}\n\n[[backends]]\nid = \"prefill-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"prefill\"\n{bootstrap}\n[[backends]]\nid = \"decode-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"decode\"\n",
         collector.addr,
         prefill.url(),
         decode.url()
     );
     let config = radixgate::Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let gw = radixgate::Gateway::start(config).unwrap();
+    Split {
+        collector,
+        prefill,
+        decode,
+        gw: radixgate::Gateway::start(config).unwrap(),
+    }
+}
+
+/// A split request: the request span has a prefill leg span and a decode leg span as
+/// children, and each engine received a `traceparent` naming its own leg's span.
+fn split_legs_are_spans(io: &str, protocol: &str) {
+    let Split {
+        collector,
+        prefill,
+        decode,
+        gw,
+    } = split_gateway(io, protocol, OK_JSON, "");
     let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
     let r = Client::connect(gw.local_addr()).post(
         "/v1/chat/completions",
@@ -414,6 +438,43 @@ fn split_legs_are_spans_sglang(io: &str) {
     split_legs_are_spans(io, "sglang");
 }
 both_drivers!(split_legs_are_spans_sglang);
+
+/// A split request whose prefill leg fails (503, one attempt, no local fallback):
+/// the request span carries the gateway's error and the failed leg's backend, the
+/// prefill leg span is an error, and no decode leg ran.
+fn failed_split_is_an_error_span(io: &str) {
+    let Split {
+        collector,
+        decode,
+        gw,
+        ..
+    } = split_gateway(
+        io,
+        "vllm",
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        "prefill_attempts = 1\nlocal_fallback = false",
+    );
+    let trace = "7bf92f3577b34da6a3ce929d0e0e4736";
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat_body("split me", false),
+        &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))],
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    let spans = spans_of(&collector, trace, 3);
+    let request = one(&spans, "request");
+    assert_eq!(attr_int(request, "http.response.status_code"), 502);
+    assert_eq!(request["status"]["code"], 2);
+    assert_eq!(attr_str(request, "radixgate.backend"), "prefill-0");
+    assert_eq!(attr_str(request, "radixgate.reason"), "disagg-split");
+    let leg = one(&spans, "prefill leg");
+    is_child_of(leg, request);
+    assert_eq!(attr_int(leg, "http.response.status_code"), 503);
+    assert_eq!(leg["status"]["code"], 2);
+    one(&spans, "route");
+    assert!(decode.seen().is_empty());
+}
+both_drivers!(failed_split_is_an_error_span);
 
 /// A workflow: one request span, one span per node that ran, each the parent the
 /// node's upstream request names; a node that fails is an error span, its

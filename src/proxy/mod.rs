@@ -584,6 +584,46 @@ fn log(
     }
     let usage = exchange.usage.usage;
     let record = AccessRecord {
+        cached_tokens: usage.cached_tokens,
+        prompt_tokens: usage.prompt_tokens,
+        status: exchange.status,
+        ttft_us: exchange
+            .first_byte
+            .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
+        total_us: exchange.started.elapsed().as_micros() as u64,
+        retries: attempt as u32 - 1,
+        ..routed_record(shard, req, route)
+    };
+    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
+    shard.log_access(record);
+}
+
+/// Sends the access record of a routed request the gateway answered itself with
+/// `status` (a split request's failed or refused leg on `backend`) after `retries`
+/// failed tries, and ends its request span.
+fn log_answer(
+    shard: &Shard,
+    req: &Request<'_>,
+    route: &route::Route,
+    (backend, status): (usize, u16),
+    retries: u32,
+) {
+    if shard.shared.access_log.is_none() && req.head.span_id == 0 {
+        return;
+    }
+    let record = AccessRecord {
+        backend: Some(backend),
+        status,
+        retries,
+        ..routed_record(shard, req, route)
+    };
+    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
+    shard.log_access(record);
+}
+
+/// A routed request's access record, without an answer yet.
+fn routed_record(shard: &Shard, req: &Request<'_>, route: &route::Route) -> AccessRecord {
+    AccessRecord {
         shard: shard.id,
         request_id: InlineId::new(req.request_id),
         trace_id: req.head.trace_id,
@@ -593,17 +633,13 @@ fn log(
         backend: Some(route.pick.backend),
         reason: route.pick.reason.as_str(),
         matched_blocks: route.matched_blocks,
-        cached_tokens: usage.cached_tokens,
-        prompt_tokens: usage.prompt_tokens,
-        status: exchange.status,
-        ttft_us: exchange
-            .first_byte
-            .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
-        total_us: exchange.started.elapsed().as_micros() as u64,
-        retries: attempt as u32 - 1,
-    };
-    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
-    shard.log_access(record);
+        cached_tokens: None,
+        prompt_tokens: None,
+        status: 0,
+        ttft_us: None,
+        total_us: req.started.elapsed().as_micros() as u64,
+        retries: 0,
+    }
 }
 
 /// Answers a failed attempt's error, with the router headers of that attempt.

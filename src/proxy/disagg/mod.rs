@@ -26,7 +26,9 @@ mod pair;
 
 use super::exchange::{router_headers, Exchange, Failure};
 use super::route::{ProbeGuard, Route};
-use super::{answer_error, attempt_all, log, write_upstream_head, Request, COALESCE_BODY};
+use super::{
+    answer_error, attempt_all, log, log_answer, write_upstream_head, Request, COALESCE_BODY,
+};
 use crate::config::{DisaggConfig, Protocol};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -53,6 +55,9 @@ enum Split {
     /// `refused`: it answered a 4xx (a refused hand-off), so the decode engine
     /// itself may take a retry with a fresh prefill.
     DecodeFailed { error: GatewayError, refused: bool },
+    /// The prefill leg refused the request itself (a 4xx, which the decode side
+    /// would give too): its answer goes to the client as is.
+    Refused { status: u16, body: Vec<u8> },
 }
 
 /// Serves a request to a split model; see the module docs.
@@ -95,7 +100,16 @@ pub(super) async fn forward(
                 }
                 let e = match last {
                     Some((e, route, leg)) => {
-                        return answer(shard, client, req, &e, &route, leg).await
+                        return answer(
+                            shard,
+                            client,
+                            req,
+                            &e,
+                            &route,
+                            leg,
+                            prefill_failures + decode_failures,
+                        )
+                        .await
                     }
                     None => GatewayError::new(
                         ErrorKind::NoHealthyBackend,
@@ -111,7 +125,18 @@ pub(super) async fn forward(
                 return Err(e);
             }
             Err(e) => match last {
-                Some((e, route, leg)) => return answer(shard, client, req, &e, &route, leg).await,
+                Some((e, route, leg)) => {
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &route,
+                        leg,
+                        prefill_failures + decode_failures,
+                    )
+                    .await
+                }
                 None => return Err(e),
             },
         };
@@ -164,6 +189,12 @@ pub(super) async fn forward(
                 shard.metrics.borrow_mut().disagg.count("split", "split");
                 return Ok((keep_open, usage));
             }
+            Split::Refused { status, body } => {
+                shard.metrics.borrow_mut().disagg.count("split", "split");
+                let retries = prefill_failures + decode_failures;
+                let keep = relay(shard, client, req, &decode, (status, &body), retries).await;
+                return Ok((keep, Usage::default()));
+            }
             Split::PrefillFailed(e) => {
                 shard.metrics.borrow_mut().disagg.fail("prefill");
                 prefill.roll_back(shard);
@@ -175,7 +206,16 @@ pub(super) async fn forward(
                     if split.local_fallback {
                         return local(shard, client, req, body, blocks, "prefill_failed").await;
                     }
-                    return answer(shard, client, req, &e, &decode, Leg::Prefill).await;
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &decode,
+                        Leg::Prefill,
+                        prefill_failures + decode_failures,
+                    )
+                    .await;
                 }
                 last = Some((e, decode, Leg::Prefill));
             }
@@ -189,7 +229,16 @@ pub(super) async fn forward(
                 }
                 tracing::debug!(backend = %shard.backend_id(decode.pick.backend), error = %e, "decode leg failed; retrying with a fresh prefill");
                 if decode_failures >= split.decode_attempts {
-                    return answer(shard, client, req, &e, &decode, Leg::Decode).await;
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &decode,
+                        Leg::Decode,
+                        prefill_failures + decode_failures,
+                    )
+                    .await;
                 }
                 last = Some((e, decode, Leg::Decode));
             }
@@ -222,9 +271,10 @@ enum Leg {
     Decode,
 }
 
-/// Answers the failure of the last attempt's `leg`, with the headers of its pair's
-/// decode `route`. A decode leg's exchange was counted already; a prefill leg's is
-/// counted here, against the prefill backend.
+/// Answers the failure of the last attempt's `leg` (after `tries` failed tries in
+/// all), with the headers of its pair's decode `route`, and logs it against the
+/// failed leg's backend. A decode leg's exchange was counted already; a prefill
+/// leg's is counted here, against the prefill backend.
 async fn answer(
     shard: &Shard,
     client: &mut TcpStream,
@@ -232,8 +282,11 @@ async fn answer(
     e: &GatewayError,
     route: &Route,
     leg: Leg,
+    tries: u32,
 ) -> Result<(bool, Usage), GatewayError> {
+    let mut backend = route.pick.backend;
     if let (Leg::Prefill, Some(prefill)) = (leg, route.prefill) {
+        backend = prefill;
         shard.metrics.borrow_mut().count_request(RequestKey {
             backend: Some(prefill),
             status: e.status(),
@@ -241,6 +294,13 @@ async fn answer(
             model: Some(req.facts.model),
         });
     }
+    log_answer(
+        shard,
+        req,
+        route,
+        (backend, e.status()),
+        tries.saturating_sub(1),
+    );
     let keep = answer_error(shard, client, e, route, req.head.keep_alive, req.request_id).await?;
     Ok((keep, Usage::default()))
 }
@@ -269,8 +329,10 @@ async fn vllm(
         Ok((200, answer)) => body::transfer_params(&answer),
         // The request itself was refused: the decode side would refuse it too.
         Ok((status, answer)) if status < 500 => {
-            let keep = relay(shard, client, req, decode, status, &answer).await;
-            return Split::Done(keep, Usage::default());
+            return Split::Refused {
+                status,
+                body: answer,
+            }
         }
         Ok((status, _)) => {
             return Split::PrefillFailed(GatewayError::new(
@@ -537,21 +599,24 @@ async fn decode_leg(
 }
 
 /// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client,
-/// with the headers of the pair's decode `route`, counted against the prefill backend.
+/// with the headers of the pair's decode `route`, counted and logged against the
+/// prefill backend (after `retries` failed tries).
 async fn relay(
     shard: &Shard,
     client: &mut TcpStream,
     req: &Request<'_>,
     route: &Route,
-    status: u16,
-    body: &[u8],
+    (status, body): (u16, &[u8]),
+    retries: u32,
 ) -> bool {
+    let prefill = route.prefill.unwrap_or(route.pick.backend);
     shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: Some(route.prefill.unwrap_or(route.pick.backend)),
+        backend: Some(prefill),
         status,
         reason: route.pick.reason.as_str(),
         model: Some(req.facts.model),
     });
+    log_answer(shard, req, route, (prefill, status), retries);
     let mut out = Vec::with_capacity(256 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
