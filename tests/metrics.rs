@@ -104,6 +104,14 @@ fn exposition_is_well_formed(io: &str) {
         Some(1.0)
     );
     assert_eq!(types["radixgate_shard_event_loop_lag_seconds"], "histogram");
+    // A routing decision per routed request; the unknown model never got one.
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_routing_decision_seconds_count{shard=\"all\"}"
+        ),
+        Some(3.0)
+    );
     // Every family exposed is in README's metrics table.
     let documented = documented_metrics();
     for name in types.keys() {

@@ -389,6 +389,15 @@ fn workflows_run_map_reduce(io: &str) {
     assert_eq!(maps[2]["reason"], "session-affinity", "{result}");
     assert!(maps[2]["matched_blocks"].as_u64().unwrap() > 3, "{result}");
     assert!(result["makespan_ms"].as_f64().unwrap() >= f(reduce, "finished_ms"));
+    // Each node is a request routed on its own: five routing decisions.
+    let m = Client::connect(gw.local_addr()).get("/metrics").text();
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_routing_decision_seconds_count{shard=\"all\"}"
+        ),
+        Some(5.0)
+    );
 }
 both_drivers!(workflows_run_map_reduce);
 

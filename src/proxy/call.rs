@@ -78,6 +78,11 @@ pub async fn call(
     let blocks: Arc<[u64]> = (*shard.prompt_blocks()).into();
     let policy = shard.fleet.borrow().live.config.routing.policy;
     let route = route(shard, &blocks, &facts, policy, group, &[], &[]).map_err(failed)?;
+    shard
+        .metrics
+        .borrow_mut()
+        .decision
+        .observe(started.elapsed());
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, &route);
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
