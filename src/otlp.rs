@@ -329,9 +329,15 @@ mod tests {
             matched_blocks: 7,
             id: Some(InlineId::new("req-1")),
         };
+        let node = SpanRecord {
+            id: Some(InlineId::new("summarise")),
+            ..span(SpanKind::Node, 0x34, 200)
+        };
         let spans = [
             span(SpanKind::Request, 0, 502),
             span(SpanKind::Attempt, 0x34, 200),
+            span(SpanKind::PrefillLeg, 0x34, 503),
+            node,
         ];
         let body = encode(&spans, "svc", &live, &["a \"quoted\" tenant".into()]);
         let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
@@ -341,7 +347,7 @@ mod tests {
             "svc"
         );
         let out = rs["scopeSpans"][0]["spans"].as_array().unwrap();
-        assert_eq!(out.len(), 2);
+        assert_eq!(out.len(), 4);
         let (request, attempt) = (&out[0], &out[1]);
         assert_eq!(request["traceId"], "00000000000000000000000000000abc");
         assert_eq!(request["spanId"], "0000000000000012");
@@ -371,5 +377,26 @@ mod tests {
         assert_eq!(get("http.response.status_code")["intValue"], "502");
         assert_eq!(get("radixgate.request_id")["stringValue"], "req-1");
         assert_eq!(get("radixgate.retries")["intValue"], "2");
+        let attr = |span: &serde_json::Value, k: &str| {
+            span["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["key"] == k)
+                .map(|a| a["value"]["stringValue"].clone())
+        };
+        let (leg, node) = (&out[2], &out[3]);
+        assert_eq!(
+            (&leg["name"], &leg["kind"]),
+            (&"prefill leg".into(), &3.into())
+        );
+        assert_eq!(attr(leg, "radixgate.role"), Some("prefill".into()));
+        assert_eq!(leg["status"]["code"], 2);
+        assert_eq!(node["name"], "workflow node");
+        assert_eq!(
+            attr(node, "radixgate.workflow.node"),
+            Some("summarise".into())
+        );
+        assert_eq!(attr(node, "radixgate.request_id"), None);
     }
 }

@@ -262,6 +262,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn children_only_of_a_recorded_request_span() {
+        let unrecorded = TraceContext {
+            trace_id: 7,
+            span_id: 0,
+            parent_span_id: 3,
+            flags: 0,
+        };
+        assert!(start_child(&unrecorded).is_none());
+        assert_eq!(id_of(None), 0);
+        let recorded = TraceContext {
+            span_id: 9,
+            flags: 1,
+            ..unrecorded
+        };
+        let child = start_child(&recorded).unwrap();
+        assert_eq!((child.trace_id, child.parent_id), (7, 9));
+        assert!(child.span_id != 0 && child.span_id != 9);
+        assert_eq!(id_of(Some(child)), child.span_id);
+    }
+
+    #[test]
     fn writes_traceparent_with_the_attempt_span() {
         let head = TraceContext::of(&RequestHead {
             trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,

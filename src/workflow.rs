@@ -167,13 +167,13 @@ pub async fn serve(
         .metrics
         .borrow_mut()
         .count_request(RequestKey::gateway(200, "workflow"));
-    finish(shard, head, request_id, tenant, &outcomes, received);
     if stream {
         let mut event = b"data: ".to_vec();
         event.extend_from_slice(result.to_string().as_bytes());
         event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
         sink.event(&event).await;
         sink.write(b"0\r\n\r\n".to_vec()).await;
+        finish(shard, head, request_id, tenant, &outcomes, received);
         return Ok(sink.open && keep_alive);
     }
     let body = result.to_string().into_bytes();
@@ -189,6 +189,7 @@ pub async fn serve(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&body);
     sink.write(out).await;
+    finish(shard, head, request_id, tenant, &outcomes, received);
     Ok(sink.open && keep_alive)
 }
 
@@ -349,8 +350,9 @@ async fn run(
     outcomes
 }
 
-/// The workflow's access record and request span: no one backend or model (each
-/// node's span names its own), the nodes' token counts summed.
+/// The workflow's access record and request span, once its answer is written: no
+/// one backend or model (each node's span names its own), the nodes' token counts
+/// summed.
 fn finish(
     shard: &Shard,
     head: &RequestHead,
