@@ -3,13 +3,21 @@
 //! A shard fills a fixed-size [`AccessRecord`] (no heap allocation, no prompt or
 //! completion text, no credentials) and sends it over a lock-free crossbeam channel;
 //! the `radixgate-log` thread resolves names and emits it through `tracing` (JSON
-//! or text per `log.format`), so the request path never takes the stdout lock or
-//! makes a write syscall for logging. Backend and model names come from the backend
+//! or text per `log.format`), so the request path never takes the stderr lock or
+//! makes a write syscall for logging. That thread's lines are buffered
+//! ([`crate::log_writer`]) and written at most [`LINGER`] after the first of them,
+//! so a burst of requests costs one write; when the gateway stops it waits for the
+//! thread to write every record the shards sent. Backend and model names come from the backend
 //! table, which the coordinator sends here before any shard can route with it.
 
 use crate::backends::LiveConfig;
 use crossbeam_channel::Receiver;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest a line waits in the log thread's buffer: a burst of requests within
+/// it costs one write (or one per [`crate::log_writer::FLUSH_AT`] bytes).
+pub const LINGER: Duration = Duration::from_millis(10);
 
 const ID_CAP: usize = 128;
 
@@ -86,21 +94,72 @@ impl AccessRecord {
     }
 }
 
-/// Runs the log thread until every sender is gone. `live` gives the names behind
-/// the records' backend and model indices; `updates` brings each new table, sent
-/// before the shards get it, so it is always here before the records that use it.
+/// Runs the log thread until every sender is gone or `stop` disconnects (the
+/// gateway stops it once the shards have ended, so every record is queued by then),
+/// then writes what is queued and buffered. `live` gives the names behind the
+/// records' backend and model indices; `updates` brings each new table, sent before
+/// the shards get it, so it is always here before the records that use it.
 pub fn run(
     records: Receiver<AccessRecord>,
-    mut live: Arc<LiveConfig>,
+    live: Arc<LiveConfig>,
     updates: Receiver<Arc<LiveConfig>>,
     tenants: Vec<String>,
+    stop: Receiver<()>,
 ) {
-    for r in records {
-        while let Ok(newer) = updates.try_recv() {
-            live = newer;
+    use crate::log_writer::{flush, pending, FLUSH_AT};
+    crate::log_writer::buffer();
+    let mut writer = Writer {
+        live,
+        updates,
+        tenants,
+    };
+    // When the oldest line not yet written was buffered.
+    let mut oldest: Option<Instant> = None;
+    loop {
+        let linger = oldest.map_or_else(crossbeam_channel::never, |t| {
+            crossbeam_channel::at(t + LINGER)
+        });
+        crossbeam_channel::select! {
+            recv(records) -> r => match r {
+                Ok(r) => {
+                    writer.write(r);
+                    oldest.get_or_insert_with(Instant::now);
+                }
+                Err(_) => break,
+            },
+            recv(stop) -> _ => {
+                for r in records.try_iter() {
+                    writer.write(r);
+                }
+                break;
+            }
+            recv(linger) -> _ => {
+                flush();
+                oldest = None;
+            }
         }
-        let table = &live.backends;
-        let tenant = r.tenant.map_or("", |t| tenants[t].as_str());
+        if pending() >= FLUSH_AT {
+            flush();
+            oldest = None;
+        }
+    }
+    flush();
+}
+
+/// Turns records into lines, with the names of the latest backend table.
+struct Writer {
+    live: Arc<LiveConfig>,
+    updates: Receiver<Arc<LiveConfig>>,
+    tenants: Vec<String>,
+}
+
+impl Writer {
+    fn write(&mut self, r: AccessRecord) {
+        while let Ok(newer) = self.updates.try_recv() {
+            self.live = newer;
+        }
+        let table = &self.live.backends;
+        let tenant = r.tenant.map_or("", |t| self.tenants[t].as_str());
         let model = r.model.map_or("", |m| table.models().name(m));
         let backend = r.backend.map_or("", |b| table.id(b));
         let trace_id = if r.trace_id == 0 {

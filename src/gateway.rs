@@ -16,6 +16,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 pub struct Gateway {
     addr: SocketAddr,
@@ -30,7 +31,14 @@ pub struct Gateway {
     coordinator: crossbeam_channel::Sender<AdminRequest>,
     /// The config file a reload re-reads.
     source: Option<std::path::PathBuf>,
+    /// One per thread that writes out what it holds once the shards are gone (the
+    /// access log, the span exporter): disconnected when that thread has ended.
+    flushed: Vec<crossbeam_channel::Receiver<()>>,
 }
+
+/// How long a stop waits for the log and span threads' last writes (a span export
+/// may take up to its 5 s I/O limit).
+const FLUSH_WAIT: Duration = Duration::from_secs(6);
 
 impl Gateway {
     pub fn start(config: Config) -> io::Result<Gateway> {
@@ -178,23 +186,38 @@ impl Gateway {
                 coordinator.run(coord_stop, events_rx, health_rx, outcomes_rx, admin_rx)
             })?;
         let mut control_threads = vec![coord_handle];
+        let mut flushed = Vec::new();
         if let (Some(records), Some(updates)) = (access_rx, log_live_rx) {
             let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
             let live = live.clone();
-            // Ends on its own once the shards and coordinator drop their senders.
+            let (done, ended) = crossbeam_channel::bounded::<()>(0);
+            flushed.push(ended);
+            // Ends (after a last write) when the stop signal comes, after the shards
+            // have ended; `done` goes with it.
+            let stop = stop_rx.clone();
             std::thread::Builder::new()
                 .name("radixgate-log".into())
-                .spawn(move || crate::access_log::run(records, live, updates, tenants))?;
+                .spawn(move || {
+                    let _done = done;
+                    crate::access_log::run(records, live, updates, tenants, stop)
+                })?;
         }
         if let (Some(spans), Some(updates), Some(traces)) =
             (spans_rx, otlp_live_rx, shared.config.traces.clone())
         {
             let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
             let (live, counters) = (live.clone(), shared.span_counters.clone());
-            // Ends on its own (after a last flush) once the shards drop their senders.
+            let (done, ended) = crossbeam_channel::bounded::<()>(0);
+            flushed.push(ended);
+            // Ends (after a last export) when the stop signal comes, after the shards
+            // have ended.
+            let stop = stop_rx.clone();
             std::thread::Builder::new()
                 .name("radixgate-otlp".into())
-                .spawn(move || crate::otlp::run(spans, traces, live, updates, tenants, counters))?;
+                .spawn(move || {
+                    let _done = done;
+                    crate::otlp::run(spans, traces, live, updates, tenants, counters, stop)
+                })?;
         }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();
@@ -236,6 +259,7 @@ impl Gateway {
             admin_addr,
             coordinator: admin_tx,
             source,
+            flushed,
         })
     }
 
@@ -261,7 +285,9 @@ impl Gateway {
 
     /// Graceful stop: every shard stops accepting, finishes its requests in flight
     /// (up to `server.shutdown_timeout`), closes its connections; then the
-    /// coordinator and health threads stop. Returns when every thread has ended.
+    /// coordinator and health threads stop, and the access log and span exporter
+    /// write out what they hold. Returns when every thread has ended (the last two
+    /// waited for up to [`FLUSH_WAIT`] in all).
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -278,6 +304,11 @@ impl Gateway {
             for h in handles {
                 let _ = h.join();
             }
+        }
+        let deadline = std::time::Instant::now() + FLUSH_WAIT;
+        for ended in self.flushed.drain(..) {
+            // Disconnected once the thread has ended; nothing is ever sent.
+            let _ = ended.recv_deadline(deadline);
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod http;
 pub mod kv_events;
+pub mod log_writer;
 pub mod metrics;
 pub mod observe;
 pub mod open_conns;

@@ -124,14 +124,15 @@ fn parse_protocol(s: &str) -> Result<Protocol, String> {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the configured level.
+/// Logs go to stderr (buffered on the access-log thread: [`radixgate::log_writer`]);
+/// `RUST_LOG` overrides the configured level.
 fn init_logging(level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_writer(std::io::stderr);
+        .with_writer(radixgate::log_writer::Stderr);
     if json {
         builder
             .json()

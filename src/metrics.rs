@@ -47,13 +47,28 @@ impl Histogram {
     }
 }
 
-/// Requests are counted by (backend, status, reason); `backend` is `None` for
-/// requests answered by the gateway itself (bad input, no backend...).
+/// Requests are counted by (backend, status, reason, model). `backend` and `model`
+/// are `None` for requests the gateway answered itself (bad input, no backend,
+/// quotas, local endpoints, a workflow as a whole): `model` is a configured model's
+/// index, so the label's values stay bounded by the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RequestKey {
     pub backend: Option<usize>,
     pub status: u16,
     pub reason: &'static str,
+    pub model: Option<usize>,
+}
+
+impl RequestKey {
+    /// A request the gateway answered itself.
+    pub fn gateway(status: u16, reason: &'static str) -> Self {
+        Self {
+            backend: None,
+            status,
+            reason,
+            model: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -63,8 +78,6 @@ pub struct ShardMetrics {
     pub replica_blocks: u64,
     pub prefill_ns: Vec<u32>,
     pub requests: HashMap<RequestKey, u64>,
-    /// Routed requests by (model index, HTTP status).
-    pub model_requests: HashMap<(usize, u16), u64>,
     /// Per model index.
     pub ttft: Vec<Histogram>,
     /// Per model index.
@@ -149,9 +162,6 @@ impl ShardMetrics {
     pub fn merge(&mut self, other: &ShardMetrics) {
         for (k, v) in &other.requests {
             *self.requests.entry(*k).or_insert(0) += v;
-        }
-        for (k, v) in &other.model_requests {
-            *self.model_requests.entry(*k).or_insert(0) += v;
         }
         for (a, b) in self.ttft.iter_mut().zip(&other.ttft) {
             a.merge(b);
@@ -325,30 +335,21 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     let f = out.family(
         "radixgate_requests_total",
         Kind::Counter,
-        "Requests answered, by backend, HTTP status and routing reason (or error code).",
+        "Requests answered, by backend, HTTP status, routing reason (or error code) and model (empty when the gateway answered before routing).",
     );
     let mut rows: Vec<_> = merged.requests.iter().collect();
-    rows.sort_by_key(|(k, _)| (k.backend, k.status, k.reason));
+    rows.sort_by_key(|(k, _)| (k.backend, k.status, k.reason, k.model));
     for (k, v) in rows {
         let backend = k.backend.map_or("none", |b| g.backend_ids[b].as_str());
+        let model = k
+            .model
+            .and_then(|m| g.models.get(m))
+            .map_or("", |m| m.as_str());
         let labels = vec![
             ("backend", backend.to_string()),
             ("status", k.status.to_string()),
             ("reason", k.reason.to_string()),
-        ];
-        f.row(labels, Value::Int(*v));
-    }
-    let f = out.family(
-        "radixgate_model_requests_total",
-        Kind::Counter,
-        "Requests routed to a backend, by model and HTTP status.",
-    );
-    let mut rows: Vec<_> = merged.model_requests.iter().collect();
-    rows.sort();
-    for ((model, status), v) in rows {
-        let labels = vec![
-            ("model", g.models.get(*model).cloned().unwrap_or_default()),
-            ("status", status.to_string()),
+            ("model", model.to_string()),
         ];
         f.row(labels, Value::Int(*v));
     }
@@ -630,9 +631,11 @@ mod tests {
             backend: Some(0),
             status: 200,
             reason: "round-robin",
+            model: Some(0),
         };
         a.count_request(key);
         b.count_request(key);
+        a.count_request(RequestKey::gateway(404, "model_not_found"));
         a.ttft[0].observe(Duration::from_millis(3));
         b.ttft[0].observe(Duration::from_millis(300));
         let text = render(
@@ -657,7 +660,10 @@ mod tests {
             },
         );
         assert!(text.contains(
-            "radixgate_requests_total{backend=\"b0\",status=\"200\",reason=\"round-robin\"} 2"
+            "radixgate_requests_total{backend=\"b0\",status=\"200\",reason=\"round-robin\",model=\"sim\"} 2"
+        ));
+        assert!(text.contains(
+            "radixgate_requests_total{backend=\"none\",status=\"404\",reason=\"model_not_found\",model=\"\"} 1"
         ));
         assert!(text.contains("radixgate_ttft_seconds_bucket{model=\"sim\",le=\"0.005\"} 1"));
         assert!(text.contains("radixgate_ttft_seconds_count{model=\"sim\"} 2"));

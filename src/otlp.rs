@@ -37,7 +37,9 @@ pub struct SpanCounters {
     pub dropped: AtomicU64,
 }
 
-/// Runs the exporter until every sender is gone, then flushes what is left.
+/// Runs the exporter until every sender is gone or `stop` disconnects (the gateway
+/// stops it once the shards have ended, so every span is queued by then), then
+/// exports what is left.
 pub fn run(
     spans: Receiver<SpanRecord>,
     config: TracesConfig,
@@ -45,14 +47,26 @@ pub fn run(
     updates: Receiver<Arc<LiveConfig>>,
     tenants: Vec<String>,
     counters: Arc<SpanCounters>,
+    stop: Receiver<()>,
 ) {
     let mut batch: Vec<SpanRecord> = Vec::with_capacity(MAX_BATCH);
     let mut deadline: Option<Instant> = None;
     let mut failing = false;
+    let mut stopping = false;
     loop {
-        let received = match deadline {
-            None => spans.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(d) => spans.recv_timeout(d.saturating_duration_since(Instant::now())),
+        let received = if stopping {
+            // Whatever is queued, then the end.
+            spans.try_recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            let timeout = deadline.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+            crossbeam_channel::select! {
+                recv(spans) -> r => r.map_err(|_| RecvTimeoutError::Disconnected),
+                recv(stop) -> _ => {
+                    stopping = true;
+                    continue;
+                }
+                recv(timeout) -> _ => Err(RecvTimeoutError::Timeout),
+            }
         };
         let done = match received {
             Ok(span) => {
@@ -173,7 +187,7 @@ pub fn encode(
                     "radixgate.matched_blocks",
                     s.matched_blocks as u64,
                 );
-                if let Some(id) = &s.request_id {
+                if let Some(id) = &s.id {
                     attr_str(&mut out, "radixgate.request_id", id.as_str());
                 }
             }
@@ -186,6 +200,13 @@ pub fn encode(
                 );
             }
             SpanKind::Attempt => attr_int(&mut out, "radixgate.attempt", s.attempt as u64),
+            SpanKind::PrefillLeg => attr_str(&mut out, "radixgate.role", "prefill"),
+            SpanKind::DecodeLeg => attr_str(&mut out, "radixgate.role", "decode"),
+            SpanKind::Node => {
+                if let Some(id) = &s.id {
+                    attr_str(&mut out, "radixgate.workflow.node", id.as_str());
+                }
+            }
         }
         out.extend_from_slice(b"],");
         // ERROR for 5xx answers (the gateway's or a backend's); else unset.
@@ -306,11 +327,17 @@ mod tests {
             policy: "prefix_aware",
             attempt: 2,
             matched_blocks: 7,
-            request_id: Some(InlineId::new("req-1")),
+            id: Some(InlineId::new("req-1")),
+        };
+        let node = SpanRecord {
+            id: Some(InlineId::new("summarise")),
+            ..span(SpanKind::Node, 0x34, 200)
         };
         let spans = [
             span(SpanKind::Request, 0, 502),
             span(SpanKind::Attempt, 0x34, 200),
+            span(SpanKind::PrefillLeg, 0x34, 503),
+            node,
         ];
         let body = encode(&spans, "svc", &live, &["a \"quoted\" tenant".into()]);
         let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
@@ -320,7 +347,7 @@ mod tests {
             "svc"
         );
         let out = rs["scopeSpans"][0]["spans"].as_array().unwrap();
-        assert_eq!(out.len(), 2);
+        assert_eq!(out.len(), 4);
         let (request, attempt) = (&out[0], &out[1]);
         assert_eq!(request["traceId"], "00000000000000000000000000000abc");
         assert_eq!(request["spanId"], "0000000000000012");
@@ -350,5 +377,26 @@ mod tests {
         assert_eq!(get("http.response.status_code")["intValue"], "502");
         assert_eq!(get("radixgate.request_id")["stringValue"], "req-1");
         assert_eq!(get("radixgate.retries")["intValue"], "2");
+        let attr = |span: &serde_json::Value, k: &str| {
+            span["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["key"] == k)
+                .map(|a| a["value"]["stringValue"].clone())
+        };
+        let (leg, node) = (&out[2], &out[3]);
+        assert_eq!(
+            (&leg["name"], &leg["kind"]),
+            (&"prefill leg".into(), &3.into())
+        );
+        assert_eq!(attr(leg, "radixgate.role"), Some("prefill".into()));
+        assert_eq!(leg["status"]["code"], 2);
+        assert_eq!(node["name"], "workflow node");
+        assert_eq!(
+            attr(node, "radixgate.workflow.node"),
+            Some("summarise".into())
+        );
+        assert_eq!(attr(node, "radixgate.request_id"), None);
     }
 }

@@ -291,11 +291,7 @@ async fn respond_error(
     let (r, _) = stream.write_all(resp).await;
     let status = e.status();
     let mut m = shard.metrics.borrow_mut();
-    m.count_request(RequestKey {
-        backend: None,
-        status,
-        reason: e.code(),
-    });
+    m.count_request(RequestKey::gateway(status, e.code()));
     r.map(|_| ())
 }
 
@@ -358,11 +354,10 @@ async fn write_local(
     status: u16,
 ) -> Result<bool, GatewayError> {
     let (r, _) = stream.write_all(resp).await;
-    shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: None,
-        status,
-        reason: "local",
-    });
+    shard
+        .metrics
+        .borrow_mut()
+        .count_request(RequestKey::gateway(status, "local"));
     Ok(r.is_ok())
 }
 

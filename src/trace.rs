@@ -4,11 +4,12 @@
 //! [`begin`] decides whether this request is recorded (an OTLP endpoint is
 //! configured, the client's sampled flag, `traces.sample_ratio`) and gives it the
 //! gateway's own request span. Shards then fill fixed-size [`SpanRecord`]s (no heap
-//! allocation, no prompt text, no credentials) for the request, each routing decision
-//! and each upstream attempt, and hand them to the `radixgate-otlp` thread over a
-//! bounded lock-free channel ([`crate::otlp`] batches and exports them); a full
-//! channel drops the span rather than wait. Upstream, the gateway's attempt span
-//! becomes the engine's parent in the `traceparent` it sends, so engine traces join.
+//! allocation, no prompt text, no credentials) for the request, each routing decision,
+//! each upstream attempt, each prefill and decode leg of a split request and each
+//! workflow node, and hand them to the `radixgate-otlp` thread over a bounded
+//! lock-free channel ([`crate::otlp`] batches and exports them); a full channel drops
+//! the span rather than wait. Upstream, the span of the attempt, leg or node becomes
+//! the engine's parent in the `traceparent` it sends, so engine traces join.
 
 use crate::access_log::{AccessRecord, InlineId};
 use crate::http::request::RequestHead;
@@ -26,6 +27,12 @@ pub enum SpanKind {
     Route,
     /// One attempt against one backend (OTLP CLIENT).
     Attempt,
+    /// A split request's prefill leg on a prefill backend (OTLP CLIENT).
+    PrefillLeg,
+    /// A split request's decode leg on a decode backend (OTLP CLIENT).
+    DecodeLeg,
+    /// One node of a workflow: its routing and upstream call (OTLP CLIENT).
+    Node,
 }
 
 impl SpanKind {
@@ -34,6 +41,9 @@ impl SpanKind {
             SpanKind::Request => "request",
             SpanKind::Route => "route",
             SpanKind::Attempt => "upstream attempt",
+            SpanKind::PrefillLeg => "prefill leg",
+            SpanKind::DecodeLeg => "decode leg",
+            SpanKind::Node => "workflow node",
         }
     }
 
@@ -42,7 +52,7 @@ impl SpanKind {
         match self {
             SpanKind::Request => 2,
             SpanKind::Route => 1,
-            SpanKind::Attempt => 3,
+            SpanKind::Attempt | SpanKind::PrefillLeg | SpanKind::DecodeLeg | SpanKind::Node => 3,
         }
     }
 }
@@ -69,8 +79,46 @@ pub struct SpanRecord {
     /// 1-based attempt number (route, attempt spans); retries (request span).
     pub attempt: u32,
     pub matched_blocks: u32,
-    /// Set on request spans only.
-    pub request_id: Option<InlineId>,
+    /// Request spans: the request id; workflow node spans: the node's id.
+    pub id: Option<InlineId>,
+}
+
+/// A request's trace context, copied out of its head for work that outlives the
+/// head's borrow (a workflow node's task, an SGLang prefill leg's task).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceContext {
+    /// 0: the request has no trace.
+    pub trace_id: u128,
+    /// The gateway's request span; 0 when the request is not recorded.
+    pub span_id: u64,
+    /// The client's parent span (0 for a trace the gateway started).
+    pub parent_span_id: u64,
+    pub flags: u8,
+}
+
+impl TraceContext {
+    pub fn of(head: &RequestHead) -> Self {
+        Self {
+            trace_id: head.trace_id,
+            span_id: head.span_id,
+            parent_span_id: head.parent_span_id,
+            flags: head.trace_flags,
+        }
+    }
+}
+
+/// A child span of the request span in progress (see [`start_child`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChildSpan {
+    trace_id: u128,
+    parent_id: u64,
+    pub span_id: u64,
+    start: Instant,
+}
+
+/// The span id a child's upstream `traceparent` names (0: none recorded).
+pub fn id_of(span: Option<ChildSpan>) -> u64 {
+    span.map_or(0, |s| s.span_id)
 }
 
 /// A fresh non-zero span id (the thread's fastrand generator, seeded per process:
@@ -106,29 +154,31 @@ pub fn begin(shard: &Shard, head: &mut RequestHead) {
     }
 }
 
-/// A child span of the request starts: its id and start time, when the request is
-/// recorded (no clock read otherwise).
-pub fn start_child(head: &RequestHead) -> Option<(u64, Instant)> {
-    (head.span_id != 0).then(|| (span_id(), Instant::now()))
+/// A child span of the request span starts, when the request is recorded (no clock
+/// read otherwise).
+pub fn start_child(cx: &TraceContext) -> Option<ChildSpan> {
+    (cx.span_id != 0).then(|| ChildSpan {
+        trace_id: cx.trace_id,
+        parent_id: cx.span_id,
+        span_id: span_id(),
+        start: Instant::now(),
+    })
 }
 
 /// Appends `traceparent: 00-<trace>-<span>-<flags>\r\n` when the request has a trace:
-/// the attempt's span as parent when recorded, else the client's own parent.
-pub fn write_traceparent(out: &mut Vec<u8>, head: &RequestHead, attempt_span: u64) {
-    if head.trace_id == 0 {
+/// `span` (the attempt's, leg's or node's) as parent when recorded, else the client's
+/// own parent.
+pub fn write_traceparent(out: &mut Vec<u8>, cx: &TraceContext, span: u64) {
+    if cx.trace_id == 0 {
         return;
     }
-    let parent = if attempt_span != 0 {
-        attempt_span
-    } else {
-        head.parent_span_id
-    };
+    let parent = if span != 0 { span } else { cx.parent_span_id };
     out.extend_from_slice(b"traceparent: 00-");
-    push_hex(out, head.trace_id, 32);
+    push_hex(out, cx.trace_id, 32);
     out.push(b'-');
     push_hex(out, parent as u128, 16);
     out.push(b'-');
-    push_hex(out, head.trace_flags as u128, 2);
+    push_hex(out, cx.flags as u128, 2);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -152,18 +202,18 @@ pub fn emit(shard: &Shard, span: SpanRecord) {
 }
 
 /// A finished child span of the request (from [`start_child`]), to fill in.
-pub fn child(
-    shard: &Shard,
-    head: &RequestHead,
-    kind: SpanKind,
-    started: Option<(u64, Instant)>,
-) -> Option<SpanRecord> {
-    let (span_id, start) = started?;
+pub fn child(shard: &Shard, kind: SpanKind, started: Option<ChildSpan>) -> Option<SpanRecord> {
+    let ChildSpan {
+        trace_id,
+        parent_id,
+        span_id,
+        start,
+    } = started?;
     Some(SpanRecord {
         kind,
-        trace_id: head.trace_id,
+        trace_id,
         span_id,
-        parent_id: head.span_id,
+        parent_id,
         start,
         end: Instant::now(),
         shard: shard.id,
@@ -175,7 +225,7 @@ pub fn child(
         policy: "",
         attempt: 0,
         matched_blocks: 0,
-        request_id: None,
+        id: None,
     })
 }
 
@@ -202,7 +252,7 @@ pub fn finish_request(shard: &Shard, head: &RequestHead, started: Instant, r: &A
             policy: r.policy,
             attempt: r.retries,
             matched_blocks: r.matched_blocks,
-            request_id: Some(r.request_id),
+            id: Some(r.request_id),
         },
     );
 }
@@ -212,13 +262,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn children_only_of_a_recorded_request_span() {
+        let unrecorded = TraceContext {
+            trace_id: 7,
+            span_id: 0,
+            parent_span_id: 3,
+            flags: 0,
+        };
+        assert!(start_child(&unrecorded).is_none());
+        assert_eq!(id_of(None), 0);
+        let recorded = TraceContext {
+            span_id: 9,
+            flags: 1,
+            ..unrecorded
+        };
+        let child = start_child(&recorded).unwrap();
+        assert_eq!((child.trace_id, child.parent_id), (7, 9));
+        assert!(child.span_id != 0 && child.span_id != 9);
+        assert_eq!(id_of(Some(child)), child.span_id);
+    }
+
+    #[test]
     fn writes_traceparent_with_the_attempt_span() {
-        let head = RequestHead {
+        let head = TraceContext::of(&RequestHead {
             trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736,
             parent_span_id: 0x00f067aa0ba902b7,
             trace_flags: 1,
             ..Default::default()
-        };
+        });
         let mut out = Vec::new();
         write_traceparent(&mut out, &head, 0xabc);
         assert_eq!(
@@ -232,7 +303,7 @@ mod tests {
             b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"
         );
         out.clear();
-        write_traceparent(&mut out, &RequestHead::default(), 7);
+        write_traceparent(&mut out, &TraceContext::default(), 7);
         assert!(out.is_empty());
     }
 }

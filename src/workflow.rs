@@ -16,12 +16,14 @@
 //! `"stream": true` it is an SSE stream with one `workflow.node` event per node as it
 //! finishes (or is failed by a parent), then the whole result, then `[DONE]`.
 
+use crate::access_log::{AccessRecord, InlineId};
 use crate::error::{write_json_string, ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
 use crate::metrics::RequestKey;
 use crate::openai::Endpoint;
 use crate::proxy::call::{call, CallFailed, Called};
 use crate::shard::Shard;
+use crate::trace::{ChildSpan, SpanKind, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::task::JoinHandle;
@@ -145,7 +147,7 @@ pub async fn serve(
         shard,
         &nodes,
         &plan,
-        request_id,
+        (request_id, TraceContext::of(head)),
         tenant_seed,
         started,
         &mut sink,
@@ -161,17 +163,17 @@ pub async fn serve(
         bucket.adjust(charged as i64 - used as i64, shard.shared.now_ms());
     }
     // Each node counted itself under its backend; the workflow counts once here.
-    shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: None,
-        status: 200,
-        reason: "workflow",
-    });
+    shard
+        .metrics
+        .borrow_mut()
+        .count_request(RequestKey::gateway(200, "workflow"));
     if stream {
         let mut event = b"data: ".to_vec();
         event.extend_from_slice(result.to_string().as_bytes());
         event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
         sink.event(&event).await;
         sink.write(b"0\r\n\r\n".to_vec()).await;
+        finish(shard, head, request_id, tenant, &outcomes, received);
         return Ok(sink.open && keep_alive);
     }
     let body = result.to_string().into_bytes();
@@ -187,6 +189,7 @@ pub async fn serve(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&body);
     sink.write(out).await;
+    finish(shard, head, request_id, tenant, &outcomes, received);
     Ok(sink.open && keep_alive)
 }
 
@@ -220,12 +223,14 @@ impl Sink<'_> {
 }
 
 /// Runs the plan: starts every ready node, waits for any to finish, fails the
-/// descendants of a failed one, until nothing runs.
+/// descendants of a failed one, until nothing runs. Each node that runs has its own
+/// span, a child of the workflow's request span in `cx`, which its upstream request
+/// names as parent.
 async fn run(
     shard: &Rc<Shard>,
     nodes: &[Node],
     plan: &Plan,
-    request_id: &str,
+    (request_id, cx): (&str, TraceContext),
     tenant_seed: Option<u64>,
     started: Instant,
     sink: &mut Sink<'_>,
@@ -233,6 +238,7 @@ async fn run(
     let mut states = vec![NodeState::Waiting; nodes.len()];
     let mut outcomes: Vec<Outcome> = nodes.iter().map(|_| Outcome::default()).collect();
     let mut running: Vec<(usize, JoinHandle<Result<Called, CallFailed>>)> = Vec::new();
+    let mut spans: Vec<Option<ChildSpan>> = vec![None; nodes.len()];
     let max_bytes = shard.shared.config.workflows.max_node_response_bytes;
     loop {
         let ready: Vec<usize> = plan.ready(&states).collect();
@@ -252,10 +258,22 @@ async fn run(
             let (shard, endpoint) = (shard.clone(), nodes[i].endpoint);
             let id = format!("{request_id}-{}", nodes[i].id);
             let group = sibling_group(request_id, &nodes[i]);
+            spans[i] = crate::trace::start_child(&cx);
+            let trace = (cx, crate::trace::id_of(spans[i]));
             running.push((
                 i,
                 monoio::spawn(async move {
-                    call(&shard, endpoint, &body, &id, max_bytes, tenant_seed, group).await
+                    call(
+                        &shard,
+                        endpoint,
+                        &body,
+                        &id,
+                        max_bytes,
+                        tenant_seed,
+                        group,
+                        trace,
+                    )
+                    .await
                 }),
             ));
         }
@@ -266,6 +284,7 @@ async fn run(
         let (i, _) = running.swap_remove(slot);
         let o = &mut outcomes[i];
         o.finished_ms = Some(ms(started));
+        let mut failure = "";
         let ok = match result {
             Ok(called) => {
                 o.backend = Some(called.backend);
@@ -289,10 +308,18 @@ async fn run(
             Err(CallFailed { error, backend }) => {
                 o.backend = backend;
                 o.status = error.status();
+                failure = error.code();
                 o.error = Some(error.message);
                 false
             }
         };
+        if let Some(mut span) = crate::trace::child(shard, SpanKind::Node, spans[i]) {
+            span.backend = o.backend;
+            span.status = o.status;
+            span.reason = o.reason.unwrap_or(failure);
+            span.id = Some(InlineId::new(&nodes[i].id));
+            crate::trace::emit(shard, span);
+        }
         states[i] = if ok {
             NodeState::Succeeded
         } else {
@@ -321,6 +348,44 @@ async fn run(
         }
     }
     outcomes
+}
+
+/// The workflow's access record and request span, once its answer is written: no
+/// one backend or model (each node's span names its own), the nodes' token counts
+/// summed.
+fn finish(
+    shard: &Shard,
+    head: &RequestHead,
+    request_id: &str,
+    tenant: Option<usize>,
+    outcomes: &[Outcome],
+    received: Instant,
+) {
+    if shard.shared.access_log.is_none() && head.span_id == 0 {
+        return;
+    }
+    let sum = |f: fn(&Outcome) -> Option<u64>| -> Option<u64> {
+        outcomes.iter().filter_map(f).reduce(|a, b| a + b)
+    };
+    let record = AccessRecord {
+        shard: shard.id,
+        request_id: InlineId::new(request_id),
+        trace_id: head.trace_id,
+        tenant,
+        model: None,
+        policy: "",
+        backend: None,
+        reason: "workflow",
+        matched_blocks: outcomes.iter().map(|o| o.matched_blocks).sum(),
+        cached_tokens: sum(|o| o.cached_tokens),
+        prompt_tokens: sum(|o| o.prompt_tokens),
+        status: 200,
+        ttft_us: None,
+        total_us: received.elapsed().as_micros() as u64,
+        retries: 0,
+    };
+    crate::trace::finish_request(shard, head, received.into_std(), &record);
+    shard.log_access(record);
 }
 
 /// Siblings (nodes of one workflow with the same parents, a map step's fan-out) share

@@ -1,7 +1,8 @@
 //! The `radixgate` binary as a user runs it: `check-config` on good and bad files,
 //! `demo` answering a chat completion on the port it prints, `serve`'s access log,
 //! and signals: SIGHUP reloads the config file (refusing an invalid one), SIGTERM
-//! stops with exit 0.
+//! stops with exit 0, and the access lines of requests answered just before it are
+//! all written (the log thread buffers its lines).
 
 mod common;
 
@@ -184,6 +185,70 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
         !access.to_string().contains(secret),
         "a prompt leaked into the log: {access}"
     );
+}
+
+/// The log thread buffers its lines: a burst answered right before SIGTERM is still
+/// written out in full before the process exits.
+#[test]
+fn access_lines_answered_before_sigterm_are_all_written() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let up = common::ScriptedUpstream::start(common::Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let mut toml = serve_config("round_robin", &[("b0", up.url())]);
+    toml = toml.replace("access = false", "access = true");
+    let file = common::temp_file("sigterm-log.toml", &toml);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let child = Spawned(child);
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let started: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(started["message"], "radixgate listening", "{line}");
+    let addr: std::net::SocketAddr = started["addr"].as_str().unwrap().parse().unwrap();
+    // Each request's record reaches the log thread before its response goes out.
+    const N: usize = 200;
+    let mut c = common::Client::connect(addr);
+    for i in 0..N {
+        let id = format!("burst-{i}");
+        let r = c.post(
+            "/v1/chat/completions",
+            &common::chat_body("hi", false),
+            &[("X-Request-Id", &id)],
+        );
+        assert_eq!(r.status, 200);
+    }
+    signal(&child.0, "TERM");
+    let sent = Instant::now();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let mut child = child;
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    // The log thread ended with the shards, not on the stop's time limit.
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    std::fs::remove_file(&file).ok();
+    let logged: Vec<String> = rest
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "request")
+        .map(|v| v["request_id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let expected: Vec<String> = (0..N).map(|i| format!("burst-{i}")).collect();
+    assert_eq!(logged, expected);
 }
 
 /// Stops a spawned gateway by its PID however the test ends.

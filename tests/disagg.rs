@@ -171,6 +171,14 @@ fn split_both_ways(io: &str, protocol: Protocol) {
         metric(&m, "radixgate_disagg_transfer_seconds_count"),
         Some(3.0)
     );
+    // One routing decision (the pair) per request.
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_routing_decision_seconds_count{shard=\"all\"}"
+        ),
+        Some(3.0)
+    );
     assert_eq!(
         metric(&m, "radixgate_disagg_leg_failures_total{leg=\"prefill\"}"),
         Some(0.0)

@@ -74,23 +74,44 @@ fn exposition_is_well_formed(io: &str) {
             assert!(types.contains_key(family), "no TYPE before {line}");
         }
     }
-    // Routed requests per model; the unknown model was never routed.
+    // Requests per model and backend: the three routed ones under `sim` and a
+    // backend; the unknown model's 404 under model="" (the label only takes
+    // configured names), as is every answer the gateway gave itself.
+    let routed: Vec<(&str, f64)> = m
+        .lines()
+        .filter(|l| l.starts_with("radixgate_requests_total{") && l.contains("model=\"sim\""))
+        .map(|l| {
+            let (_, labels, v) = sample(l);
+            (labels, v)
+        })
+        .collect();
+    assert!(
+        routed.iter().all(|(l, _)| l.contains("status=\"200\"")
+            && (l.contains("backend=\"e0\"") || l.contains("backend=\"e1\""))),
+        "{routed:?}"
+    );
     assert_eq!(
-        metric(
-            &m,
-            "radixgate_model_requests_total{model=\"sim\",status=\"200\"}"
-        ),
-        Some(3.0)
+        routed.iter().map(|(_, v)| v).sum::<f64>(),
+        3.0,
+        "{routed:?}"
     );
     assert!(!m.contains("model=\"nope\""));
     assert_eq!(
         metric(
             &m,
-            "radixgate_requests_total{backend=\"none\",status=\"404\",reason=\"model_not_found\"}"
+            "radixgate_requests_total{backend=\"none\",status=\"404\",reason=\"model_not_found\",model=\"\"}"
         ),
         Some(1.0)
     );
     assert_eq!(types["radixgate_shard_event_loop_lag_seconds"], "histogram");
+    // A routing decision per routed request; the unknown model never got one.
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_routing_decision_seconds_count{shard=\"all\"}"
+        ),
+        Some(3.0)
+    );
     // Every family exposed is in README's metrics table.
     let documented = documented_metrics();
     for name in types.keys() {

@@ -1,7 +1,8 @@
 //! Traces: W3C `traceparent` in, the gateway's own spans exported over OTLP/HTTP
 //! (JSON) to a receiver on loopback, and the attempt span sent upstream as the
 //! engine's parent. Checks the spans' parentage, a retried request's two attempts,
-//! an unsampled client trace and a trace the gateway starts itself. Both I/O drivers.
+//! an unsampled client trace, a trace the gateway starts itself, a split request's
+//! prefill and decode legs (both protocols) and a workflow's nodes. Both I/O drivers.
 
 mod common;
 
@@ -296,6 +297,282 @@ fn exports_spans_with_parentage(io: &str) {
     }));
 }
 both_drivers!(exports_spans_with_parentage);
+
+/// The spans of trace `trace`, once `expected` of them have arrived.
+fn spans_of(collector: &Collector, trace: &str, expected: usize) -> Vec<Value> {
+    let of = |c: &Collector| -> Vec<Value> {
+        c.spans()
+            .into_iter()
+            .filter(|s| s["traceId"] == trace)
+            .collect()
+    };
+    let complete = eventually(Duration::from_secs(10), || of(collector).len() >= expected);
+    let spans = of(collector);
+    assert!(complete, "{} of {expected} spans: {spans:#?}", spans.len());
+    assert_eq!(spans.len(), expected, "{spans:#?}");
+    spans
+}
+
+/// The one span named `name` in `spans`.
+fn one<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+    let found: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
+    assert_eq!(found.len(), 1, "{name}: {spans:#?}");
+    found[0]
+}
+
+/// `child` is a client span of `request`, within its time.
+fn is_child_of(child: &Value, request: &Value) {
+    assert_eq!(child["parentSpanId"], request["spanId"], "{child:#}");
+    assert_eq!(child["kind"], 3, "{child:#}");
+    assert!(nanos(child, "startTimeUnixNano") >= nanos(request, "startTimeUnixNano"));
+    assert!(nanos(child, "startTimeUnixNano") <= nanos(child, "endTimeUnixNano"));
+}
+
+/// The parent span ids an upstream received in trace `trace`.
+fn parents_seen(upstream: &ScriptedUpstream, trace: &str) -> Vec<String> {
+    upstream
+        .seen()
+        .iter()
+        .filter_map(|s| upstream_traceparent(&s.head))
+        .filter(|(t, _, flags)| t == trace && flags == "01")
+        .map(|(_, parent, _)| parent)
+        .collect()
+}
+
+const OK_JSON: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+
+/// A gateway in split mode (`mode = "always"` and `disagg` keys) over one prefill
+/// and one decode upstream answering `prefill_reply` and `{}`, exporting to a
+/// collector.
+struct Split {
+    collector: Collector,
+    prefill: ScriptedUpstream,
+    decode: ScriptedUpstream,
+    gw: radixgate::Gateway,
+}
+
+fn split_gateway(io: &str, protocol: &str, prefill_reply: &[u8], disagg: &str) -> Split {
+    let collector = Collector::start();
+    let prefill = ScriptedUpstream::start(Script::Reply(vec![prefill_reply.to_vec()]));
+    let decode = ScriptedUpstream::start(Script::Reply(vec![OK_JSON.to_vec()]));
+    // The SGLang prefill server's bootstrap port only goes into the legs' bodies.
+    let bootstrap = if protocol == "sglang" {
+        "bootstrap_port = 1\n"
+    } else {
+        ""
+    };
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\nio = \"{io}\"\n[health]\ninterval_ms = 60000\n[breaker]\nfailure_threshold = 1000000\n[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 20\n[models.sim.disagg]\nprotocol = \"{protocol}\"\nmode = \"always\"\n{disagg}\n\n[[backends]]\nid = \"prefill-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"prefill\"\n{bootstrap}\n[[backends]]\nid = \"decode-0\"\nurl = \"{}\"\nmodels = [\"sim\"]\nrole = \"decode\"\n",
+        collector.addr,
+        prefill.url(),
+        decode.url()
+    );
+    let config = radixgate::Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    Split {
+        collector,
+        prefill,
+        decode,
+        gw: radixgate::Gateway::start(config).unwrap(),
+    }
+}
+
+/// A split request: the request span has a prefill leg span and a decode leg span as
+/// children, and each engine received a `traceparent` naming its own leg's span.
+fn split_legs_are_spans(io: &str, protocol: &str) {
+    let Split {
+        collector,
+        prefill,
+        decode,
+        gw,
+    } = split_gateway(io, protocol, OK_JSON, "");
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat_body("split me", false),
+        &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-router-reason"), Some("disagg-split"));
+
+    // The request, the pair's routing decision and the two legs.
+    let spans = spans_of(&collector, trace, 4);
+    let request = one(&spans, "request");
+    assert_eq!(request["parentSpanId"], "00f067aa0ba902b7");
+    assert_eq!(attr_int(request, "http.response.status_code"), 200);
+    let route = one(&spans, "route");
+    assert_eq!(route["parentSpanId"], request["spanId"]);
+    assert_eq!(attr_str(route, "radixgate.reason"), "disagg-split");
+    assert_eq!(attr_str(route, "radixgate.backend"), "decode-0");
+    let legs = [
+        ("prefill leg", "prefill", "prefill-0", &prefill),
+        ("decode leg", "decode", "decode-0", &decode),
+    ];
+    for (name, role, backend, engine) in legs {
+        let leg = one(&spans, name);
+        is_child_of(leg, request);
+        // An SGLang prefill leg runs beside the decode leg and may end after the
+        // request span does (the client has its answer); the others end within it.
+        if role == "decode" || protocol == "vllm" {
+            assert!(nanos(leg, "endTimeUnixNano") <= nanos(request, "endTimeUnixNano"));
+        }
+        assert_eq!(attr_str(leg, "radixgate.role"), role);
+        assert_eq!(attr_str(leg, "radixgate.backend"), backend);
+        assert_eq!(attr_int(leg, "http.response.status_code"), 200);
+        assert_eq!(leg["status"], serde_json::json!({}));
+        // The engine saw exactly its own leg's span as parent.
+        assert_eq!(
+            parents_seen(engine, trace),
+            vec![leg["spanId"].as_str().unwrap().to_string()],
+            "{name}"
+        );
+    }
+}
+
+fn split_legs_are_spans_vllm(io: &str) {
+    split_legs_are_spans(io, "vllm");
+}
+both_drivers!(split_legs_are_spans_vllm);
+
+fn split_legs_are_spans_sglang(io: &str) {
+    split_legs_are_spans(io, "sglang");
+}
+both_drivers!(split_legs_are_spans_sglang);
+
+/// A split request whose prefill leg fails (503, one attempt, no local fallback):
+/// the request span carries the gateway's error and the failed leg's backend, the
+/// prefill leg span is an error, and no decode leg ran.
+fn failed_split_is_an_error_span(io: &str) {
+    let Split {
+        collector,
+        decode,
+        gw,
+        ..
+    } = split_gateway(
+        io,
+        "vllm",
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        "prefill_attempts = 1\nlocal_fallback = false",
+    );
+    let trace = "7bf92f3577b34da6a3ce929d0e0e4736";
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat_body("split me", false),
+        &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))],
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    let spans = spans_of(&collector, trace, 3);
+    let request = one(&spans, "request");
+    assert_eq!(attr_int(request, "http.response.status_code"), 502);
+    assert_eq!(request["status"]["code"], 2);
+    assert_eq!(attr_str(request, "radixgate.backend"), "prefill-0");
+    assert_eq!(attr_str(request, "radixgate.reason"), "disagg-split");
+    let leg = one(&spans, "prefill leg");
+    is_child_of(leg, request);
+    assert_eq!(attr_int(leg, "http.response.status_code"), 503);
+    assert_eq!(leg["status"]["code"], 2);
+    one(&spans, "route");
+    assert!(decode.seen().is_empty());
+}
+both_drivers!(failed_split_is_an_error_span);
+
+/// A workflow: one request span, one span per node that ran, each the parent the
+/// node's upstream request names; a node that fails is an error span, its
+/// descendant (never run) has none.
+fn workflow_nodes_are_spans(io: &str) {
+    let collector = Collector::start();
+    let content = r#"{"choices":[{"index":0,"text":"done"}]}"#;
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{content}",
+        content.len()
+    );
+    let up = ScriptedUpstream::start(Script::Reply(vec![reply.into_bytes()]));
+    let extra = format!(
+        "[health]\ninterval_ms = 60000\n[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 20",
+        collector.addr
+    );
+    let gw = start_gateway(io, 1, &extra, &[("up", up.url(), "sim")]);
+    let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let body = r#"{"nodes":[
+        {"id":"a","model":"sim","prompt":"first"},
+        {"id":"b","model":"sim","parents":["a"],"prompt":"after {{a}}"},
+        {"id":"c","model":"sim","parents":["a"],"prompt":"beside {{a}}"},
+        {"id":"bad","model":"no-such-model","prompt":"x"},
+        {"id":"never","model":"sim","parents":["bad"],"prompt":"y"}]}"#;
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/workflows",
+        body,
+        &[("traceparent", &format!("00-{trace}-00f067aa0ba902b7-01"))],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "partial", "{}", r.text());
+
+    // The request span and four node spans ("never" did not run).
+    let spans = spans_of(&collector, trace, 5);
+    let request = one(&spans, "request");
+    assert_eq!(request["parentSpanId"], "00f067aa0ba902b7");
+    assert_eq!(attr_str(request, "radixgate.reason"), "workflow");
+    assert_eq!(attr_int(request, "http.response.status_code"), 200);
+    let nodes: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "workflow node")
+        .collect();
+    let mut ids: Vec<String> = nodes
+        .iter()
+        .map(|n| attr_str(n, "radixgate.workflow.node"))
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["a", "b", "bad", "c"]);
+    for n in &nodes {
+        is_child_of(n, request);
+        assert!(nanos(n, "endTimeUnixNano") <= nanos(request, "endTimeUnixNano"));
+        if attr_str(n, "radixgate.workflow.node") == "bad" {
+            assert_eq!(attr_int(n, "http.response.status_code"), 404);
+            assert_eq!(attr_str(n, "radixgate.reason"), "model_not_found");
+            assert!(attr(n, "radixgate.backend").is_none());
+        } else {
+            assert_eq!(attr_int(n, "http.response.status_code"), 200);
+            assert_eq!(attr_str(n, "radixgate.backend"), "up");
+        }
+    }
+    // Each node that reached the engine named its own span as parent.
+    let mut seen = parents_seen(&up, trace);
+    seen.sort();
+    let mut expected: Vec<String> = nodes
+        .iter()
+        .filter(|n| attr_str(n, "radixgate.workflow.node") != "bad")
+        .map(|n| n["spanId"].as_str().unwrap().to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+both_drivers!(workflow_nodes_are_spans);
+
+/// Spans still batched when the gateway stops are exported before `shutdown`
+/// returns (here the export interval would hold them for a minute).
+fn spans_are_exported_at_shutdown(io: &str) {
+    let collector = Collector::start();
+    let ok = ScriptedUpstream::start(Script::Reply(vec![OK_JSON.to_vec()]));
+    let extra = format!(
+        "[traces]\notlp_endpoint = \"http://{}/v1/traces\"\nservice_name = \"gw-under-test\"\nexport_interval_ms = 60000",
+        collector.addr
+    );
+    let gw = start_gateway(io, 1, &extra, &[("ok", ok.url(), "sim")]);
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat_body("last", false),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    assert!(collector.spans().is_empty());
+    gw.shutdown();
+    // The collector thread may still be parsing the last POST.
+    assert!(eventually(Duration::from_secs(2), || collector
+        .spans()
+        .len()
+        == 3));
+}
+both_drivers!(spans_are_exported_at_shutdown);
 
 /// A collector that is down costs the requests nothing; its spans are counted failed.
 fn collector_down_is_counted(io: &str) {

@@ -87,7 +87,7 @@ fn images_go_only_to_capable_backends(io: &str) {
     assert_eq!(
         metric(
             &m,
-            "radixgate_requests_total{backend=\"none\",status=\"415\",reason=\"unsupported_media\"}"
+            "radixgate_requests_total{backend=\"none\",status=\"415\",reason=\"unsupported_media\",model=\"\"}"
         ),
         Some(1.0),
         "{m}"
@@ -254,7 +254,7 @@ fn rag_chunk_sets_meet_on_one_engine(io: &str) {
     assert!(plain.header("x-router-chunks").is_none());
     let m = Client::connect(addr).get("/metrics").text();
     assert_eq!(
-        metric(&m, &format!("radixgate_requests_total{{backend=\"{home}\",status=\"200\",reason=\"chunk-affinity\"}}")),
+        metric(&m, &format!("radixgate_requests_total{{backend=\"{home}\",status=\"200\",reason=\"chunk-affinity\",model=\"sim\"}}")),
         Some(1.0),
         "{m}"
     );
@@ -389,6 +389,15 @@ fn workflows_run_map_reduce(io: &str) {
     assert_eq!(maps[2]["reason"], "session-affinity", "{result}");
     assert!(maps[2]["matched_blocks"].as_u64().unwrap() > 3, "{result}");
     assert!(result["makespan_ms"].as_f64().unwrap() >= f(reduce, "finished_ms"));
+    // Each node is a request routed on its own: five routing decisions.
+    let m = Client::connect(gw.local_addr()).get("/metrics").text();
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_routing_decision_seconds_count{shard=\"all\"}"
+        ),
+        Some(5.0)
+    );
 }
 both_drivers!(workflows_run_map_reduce);
 

@@ -243,6 +243,46 @@ mod tests {
         assert!(s.ttft.max() <= s.latency.max());
     }
 
+    /// `load --plots`: TTFT distribution and load per backend always when the target
+    /// names backends, the hit rate when responses report cached tokens.
+    #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a test reads the files written; no shard runs here"
+    )]
+    fn writes_plots_of_the_run() {
+        let (target, _) = start_server();
+        let cfg = LoadConfig {
+            target,
+            concurrency: 2,
+            requests: Some(12),
+            duration: None,
+            headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+        };
+        let r = run(&cfg, &Workload::new(WorkloadConfig::default())).unwrap();
+        assert_eq!(r.stats.ok, 9);
+        let dir = std::env::temp_dir().join(format!("radixgate-load-plots-{}", std::process::id()));
+        let paths =
+            crate::plots::write_run(&dir, "load-fixed-c2", "fixed, concurrency 2", &r.stats)
+                .unwrap();
+        assert_eq!(paths.len(), 3, "{paths:?}");
+        let svg = |i: usize| std::fs::read_to_string(&paths[i]).unwrap();
+        assert!(svg(0).contains("TTFT distribution · fixed, concurrency 2"));
+        let load = crate::plots::texts(&svg(1));
+        for want in ["load per backend · fixed, concurrency 2", "a", "b"] {
+            assert!(load.iter().any(|t| t == want), "{want} not in {load:?}");
+        }
+        assert!(svg(2).contains("engine hit rate"));
+        // A target that names no backends and reports no usage: the TTFT plot alone.
+        let mut bare = r.stats.clone();
+        bare.backends.clear();
+        bare.usage_reports = 0;
+        let paths = crate::plots::write_run(&dir, "bare", "bare", &bare).unwrap();
+        assert_eq!(paths, [dir.join("bare-ttft.svg")]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn dead_target_gives_up() {
         // Bind then drop: the port is very likely closed for the test's duration.

@@ -167,6 +167,10 @@ struct ReplayArgs {
     /// Print one JSON object instead of Markdown tables.
     #[arg(long)]
     json: bool,
+    /// Write SVG plots (TTFT distribution, load per backend, hit rate) into this
+    /// directory as `replay-<trace>-*.svg`, linked under the tables.
+    #[arg(long)]
+    plots: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -237,6 +241,10 @@ struct LoadArgs {
     /// Print one JSON object instead of Markdown tables.
     #[arg(long)]
     json: bool,
+    /// Write SVG plots (TTFT distribution, load per backend, hit rate) into this
+    /// directory as `load-<workload>-c<concurrency>-*.svg`, linked under the tables.
+    #[arg(long)]
+    plots: Option<PathBuf>,
 }
 
 fn parse_header(s: &str) -> Result<(String, String), String> {
@@ -419,15 +427,47 @@ fn replay_command(args: ReplayArgs) -> ExitCode {
         elapsed: result.elapsed,
         stats: &result.stats,
     };
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.to_markdown());
-    }
+    let trace_name = args
+        .trace
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("trace");
+    print_report(
+        &report,
+        args.json,
+        args.plots.as_deref(),
+        &format!("replay {trace_name}"),
+    );
     if result.stats.ok == 0 && result.stats.failed() > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Prints a load or replay report (Markdown or JSON) and, with `plots`, writes its
+/// plots there as `<slug of name>-*.svg`: linked under the Markdown, or their paths
+/// on stderr next to JSON.
+fn print_report(report: &Report<'_>, json: bool, plots: Option<&std::path::Path>, name: &str) {
+    let links = plots.map(|dir| {
+        let title = format!("{}, concurrency {}", report.workload, report.concurrency);
+        let stem = radixgate_bench::plots::slug(name);
+        radixgate_bench::plots::write_run(dir, &stem, &title, report.stats)
+    });
+    if json {
+        println!("{}", report.to_json());
+        match links {
+            Some(Ok(paths)) => paths
+                .iter()
+                .for_each(|p| eprintln!("plot: {}", p.display())),
+            Some(Err(e)) => eprintln!("error: plots not written: {e}"),
+            None => {}
+        }
+    } else {
+        print!("{}", report.to_markdown());
+        if let Some(written) = links {
+            print!("{}", radixgate_bench::plots::linked(written, name));
+        }
     }
 }
 
@@ -485,11 +525,12 @@ fn load_command(args: LoadArgs) -> ExitCode {
         elapsed: result.elapsed,
         stats: &result.stats,
     };
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        print!("{}", report.to_markdown());
-    }
+    print_report(
+        &report,
+        args.json,
+        args.plots.as_deref(),
+        &format!("load {} c{}", kind.name(), cfg.concurrency),
+    );
     if result.stats.ok == 0 && result.stats.failed() > 0 {
         ExitCode::FAILURE
     } else {
@@ -556,6 +597,10 @@ mod tests {
             "radixgate-bench gen-trace --workload multiturn --seed 3 --rate 20",
             "radixgate-bench gen-trace --workload docs --distribution zipf --docs 5 --requests 10",
             "radixgate-bench replay --url http://127.0.0.1:8080 trace.jsonl --concurrency 8 --speedup 2 --header X-Tenant:t --json",
+            "radixgate-bench replay trace.jsonl --plots /tmp/plots",
+            "radixgate-bench load --workload docs --plots /tmp/plots",
+            "radixgate-bench sim --sweep docs --plots /tmp/plots",
+            "radixgate-bench sim --edge --plots /tmp/plots",
         ] {
             if let Err(e) = Cli::try_parse_from(line.split(' ')) {
                 panic!("{line}: {e}");

@@ -79,33 +79,16 @@ pub fn write_plots(rows: &[Row], dir: &std::path::Path, stem: &str) -> std::io::
         let series: Vec<crate::plots::Series> = rows
             .iter()
             .filter(|r| r.workload == w && r.concurrency == c)
-            .map(|r| crate::plots::Series {
-                policy: r.policy.clone(),
-                hit_rate: r.engine_hit_rate.or(r.stats.cached_share()).unwrap_or(0.0),
-                ttft_ms: r
-                    .stats
-                    .ttft
-                    .iter_recorded()
-                    .flat_map(|v| {
-                        let ms = v.value_iterated_to() as f64 / 1e3;
-                        std::iter::repeat_n(ms, v.count_at_value() as usize)
-                    })
-                    .collect(),
-                per_backend: r
-                    .stats
-                    .backends
-                    .iter()
-                    .map(|(b, n)| (b.clone(), *n))
-                    .collect(),
-            })
+            .map(|r| crate::plots::Series::from_stats(&r.policy, &r.stats, r.engine_hit_rate))
             .collect();
         let paths = crate::plots::write(
             dir,
             &crate::plots::slug(&format!("{stem} {w} c{c}")),
             &format!("{w}, concurrency {c}"),
             &series,
+            &crate::plots::Plot::ALL,
         )?;
-        out.push_str(&crate::sim::cli::links(&paths));
+        out.push_str(&crate::plots::links(&paths));
     }
     Ok(out)
 }

@@ -16,6 +16,7 @@ use crate::fleet::InFlightGuard;
 use crate::observe::{Usage, UsageScanner};
 use crate::openai::Endpoint;
 use crate::shard::Shard;
+use crate::trace::TraceContext;
 use monoio::time::Instant;
 use radixgate_orchestrator::Reason;
 use std::rc::Rc;
@@ -46,7 +47,9 @@ pub struct CallFailed {
 /// isolation, the tenant's seed, which salts the hash chain and the engine's cache
 /// (`cache_salt`) as for the tenant's own requests. `group`: a session key, as
 /// `X-Session-ID` gives one, that keeps calls sharing it on one backend while that
-/// backend has room.
+/// backend has room. `trace`: the client request's trace context and the span the
+/// upstream `traceparent` names as parent (the node's; 0 passes the client's through).
+#[allow(clippy::too_many_arguments)]
 pub async fn call(
     shard: &Rc<Shard>,
     endpoint: Endpoint,
@@ -55,6 +58,7 @@ pub async fn call(
     max_bytes: usize,
     tenant_seed: Option<u64>,
     group: Option<u64>,
+    trace: (TraceContext, u64),
 ) -> Result<Called, CallFailed> {
     let failed = |error| CallFailed {
         error,
@@ -74,6 +78,11 @@ pub async fn call(
     let blocks: Arc<[u64]> = (*shard.prompt_blocks()).into();
     let policy = shard.fleet.borrow().live.config.routing.policy;
     let route = route(shard, &blocks, &facts, policy, group, &[], &[]).map_err(failed)?;
+    shard
+        .metrics
+        .borrow_mut()
+        .decision
+        .observe(started.elapsed());
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, &route);
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
@@ -90,6 +99,7 @@ pub async fn call(
         body.len(),
         backend,
         request_id,
+        (&trace.0, trace.1),
     );
     request.extend_from_slice(body);
     let mut exchange = Exchange {

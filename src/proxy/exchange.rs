@@ -49,6 +49,27 @@ pub(super) enum Failure {
     },
 }
 
+impl Failure {
+    /// The span status and reason of an exchange that ended with `result`, where
+    /// `status` is what the backend answered (0: nothing): the backend's own status
+    /// when it answered (a retried 5xx), else the error's.
+    pub(super) fn span_outcome(result: &Result<bool, Failure>, status: u16) -> (u16, &'static str) {
+        match result {
+            Err(Failure::Retryable(e)) if status != 0 => (status, e.code()),
+            Err(Failure::Retryable(e)) => (e.status(), e.code()),
+            Err(Failure::AfterResponse { upstream_fault, .. }) => (
+                status,
+                if *upstream_fault {
+                    "upstream_broke"
+                } else {
+                    "client_gone"
+                },
+            ),
+            Ok(_) => (status, ""),
+        }
+    }
+}
+
 const CLIENT_GONE: Failure = Failure::AfterResponse {
     upstream_fault: false,
     keep_open: false,
@@ -457,10 +478,8 @@ impl Exchange<'_> {
             backend: Some(backend),
             status: self.status,
             reason: route.pick.reason.as_str(),
+            model: Some(facts.model),
         });
-        *m.model_requests
-            .entry((facts.model, self.status))
-            .or_insert(0) += 1;
         let now = Instant::now();
         let ttft = self
             .first_byte

@@ -26,7 +26,7 @@ use crate::openai::{Endpoint, RequestFacts};
 use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use crate::tenants::Throttle;
-use crate::trace::SpanKind;
+use crate::trace::{SpanKind, TraceContext};
 use exchange::{router_headers, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
@@ -370,11 +370,7 @@ async fn answer_refusal(
     shard
         .metrics
         .borrow_mut()
-        .count_request(crate::metrics::RequestKey {
-            backend: None,
-            status: e.status(),
-            reason: e.code(),
-        });
+        .count_request(crate::metrics::RequestKey::gateway(e.status(), e.code()));
     let (r, _) = client
         .write_all(e.to_response(&extra, head.keep_alive))
         .await;
@@ -428,7 +424,7 @@ async fn attempt_all(
     loop {
         attempt += 1;
         let excluded_now = &excluded[..attempt - 1];
-        let route_span = crate::trace::start_child(head);
+        let route_span = crate::trace::start_child(&TraceContext::of(head));
         let routed = match &carried {
             Some(b) => route(shard, b, facts, policy, session, req.chunks, excluded_now),
             None => route(
@@ -464,7 +460,7 @@ async fn attempt_all(
                 .observe(started.elapsed());
         }
         let backend = route.pick.backend;
-        if let Some(mut span) = crate::trace::child(shard, head, SpanKind::Route, route_span) {
+        if let Some(mut span) = crate::trace::child(shard, SpanKind::Route, route_span) {
             span.backend = Some(backend);
             span.reason = route.pick.reason.as_str();
             span.policy = policy.as_str();
@@ -478,7 +474,7 @@ async fn attempt_all(
         let may_retry =
             retry_possible && shard.retry_budget.borrow_mut().can_retry(shared.now_ms());
 
-        let attempt_span = crate::trace::start_child(head);
+        let attempt_span = crate::trace::start_child(&TraceContext::of(head));
         let mut request = shard.take_buffer();
         write_upstream_head(
             shard,
@@ -487,7 +483,7 @@ async fn attempt_all(
             body.len(),
             backend,
             request_id,
-            attempt_span.map_or(0, |s| s.0),
+            crate::trace::id_of(attempt_span),
         );
         let split_body = body.len() > COALESCE_BODY;
         if !split_body {
@@ -520,23 +516,10 @@ async fn attempt_all(
                 may_retry,
             )
             .await;
-        if let Some(mut span) = crate::trace::child(shard, head, SpanKind::Attempt, attempt_span) {
+        if let Some(mut span) = crate::trace::child(shard, SpanKind::Attempt, attempt_span) {
             span.backend = Some(backend);
             span.attempt = attempt as u32;
-            (span.status, span.reason) = match &result {
-                // The backend's own status when it answered (a retried 5xx).
-                Err(Failure::Retryable(e)) if exchange.status != 0 => (exchange.status, e.code()),
-                Err(Failure::Retryable(e)) => (e.status(), e.code()),
-                Err(Failure::AfterResponse { upstream_fault, .. }) => (
-                    exchange.status,
-                    if *upstream_fault {
-                        "upstream_broke"
-                    } else {
-                        "client_gone"
-                    },
-                ),
-                Ok(_) => (exchange.status, ""),
-            };
+            (span.status, span.reason) = Failure::span_outcome(&result, exchange.status);
             crate::trace::emit(shard, span);
         }
         match result {
@@ -601,6 +584,46 @@ fn log(
     }
     let usage = exchange.usage.usage;
     let record = AccessRecord {
+        cached_tokens: usage.cached_tokens,
+        prompt_tokens: usage.prompt_tokens,
+        status: exchange.status,
+        ttft_us: exchange
+            .first_byte
+            .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
+        total_us: exchange.started.elapsed().as_micros() as u64,
+        retries: attempt as u32 - 1,
+        ..routed_record(shard, req, route)
+    };
+    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
+    shard.log_access(record);
+}
+
+/// Sends the access record of a routed request the gateway answered itself with
+/// `status` (a split request's failed or refused leg on `backend`) after `retries`
+/// failed tries, and ends its request span.
+fn log_answer(
+    shard: &Shard,
+    req: &Request<'_>,
+    route: &route::Route,
+    (backend, status): (usize, u16),
+    retries: u32,
+) {
+    if shard.shared.access_log.is_none() && req.head.span_id == 0 {
+        return;
+    }
+    let record = AccessRecord {
+        backend: Some(backend),
+        status,
+        retries,
+        ..routed_record(shard, req, route)
+    };
+    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
+    shard.log_access(record);
+}
+
+/// A routed request's access record, without an answer yet.
+fn routed_record(shard: &Shard, req: &Request<'_>, route: &route::Route) -> AccessRecord {
+    AccessRecord {
         shard: shard.id,
         request_id: InlineId::new(req.request_id),
         trace_id: req.head.trace_id,
@@ -610,17 +633,13 @@ fn log(
         backend: Some(route.pick.backend),
         reason: route.pick.reason.as_str(),
         matched_blocks: route.matched_blocks,
-        cached_tokens: usage.cached_tokens,
-        prompt_tokens: usage.prompt_tokens,
-        status: exchange.status,
-        ttft_us: exchange
-            .first_byte
-            .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
-        total_us: exchange.started.elapsed().as_micros() as u64,
-        retries: attempt as u32 - 1,
-    };
-    crate::trace::finish_request(shard, req.head, req.started.into_std(), &record);
-    shard.log_access(record);
+        cached_tokens: None,
+        prompt_tokens: None,
+        status: 0,
+        ttft_us: None,
+        total_us: req.started.elapsed().as_micros() as u64,
+        retries: 0,
+    }
 }
 
 /// Answers a failed attempt's error, with the router headers of that attempt.
@@ -640,8 +659,9 @@ async fn answer_error(
 }
 
 /// The upstream request head for a client's request: its path and forwarded
-/// headers, the `traceparent` naming `attempt_span` as the parent (0: the client's own
-/// span, passed through; nothing when the request is not traced), and the blank line.
+/// headers, the `traceparent` naming `span` (the attempt's or leg's) as the parent
+/// (0: the client's own span, passed through; nothing when the request is not
+/// traced), and the blank line.
 #[allow(clippy::too_many_arguments)]
 fn write_upstream_head(
     shard: &Shard,
@@ -650,7 +670,7 @@ fn write_upstream_head(
     body_len: usize,
     backend: usize,
     request_id: &str,
-    attempt_span: u64,
+    span: u64,
 ) {
     write_head_lines(
         shard,
@@ -661,12 +681,14 @@ fn write_upstream_head(
         backend,
         request_id,
     );
-    crate::trace::write_traceparent(out, head, attempt_span);
+    crate::trace::write_traceparent(out, &TraceContext::of(head), span);
     out.extend_from_slice(b"\r\n");
 }
 
 /// The upstream request head for `path`, with `forward_headers` (complete lines), for
-/// a request the gateway makes itself (a workflow node).
+/// a request the gateway makes itself (a workflow node), with the `traceparent` of
+/// the client request's context `cx` naming `span` (the node's) as parent.
+#[allow(clippy::too_many_arguments)]
 fn write_upstream_head_for(
     shard: &Shard,
     out: &mut Vec<u8>,
@@ -675,6 +697,7 @@ fn write_upstream_head_for(
     body_len: usize,
     backend: usize,
     request_id: &str,
+    (cx, span): (&TraceContext, u64),
 ) {
     write_head_lines(
         shard,
@@ -685,6 +708,7 @@ fn write_upstream_head_for(
         backend,
         request_id,
     );
+    crate::trace::write_traceparent(out, cx, span);
     out.extend_from_slice(b"\r\n");
 }
 

@@ -174,3 +174,45 @@ fn dead_target_records_errors_and_keeps_going() {
         .iter()
         .all(|x| x.error == Some("connect") && x.status.is_none()));
 }
+
+/// `replay --plots`: the TTFT distribution, load per backend and hit rate of the run.
+#[test]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test reads the files written; no shard runs here"
+)]
+fn writes_plots_of_the_run() {
+    let (target, _log) = start_server();
+    let lines: Vec<TraceLine> = (0..6)
+        .map(|i| line(&format!("s{i}"), 0, 0.0, "x"))
+        .collect();
+    let cfg = ReplayConfig {
+        target,
+        concurrency: 2,
+        speedup: 0.0,
+        headers: Vec::new(),
+        timeout: Duration::from_secs(10),
+    };
+    let r = run(&cfg, &lines).unwrap();
+    assert_eq!(r.stats.ok, 6);
+    let dir = std::env::temp_dir().join(format!("radixgate-replay-plots-{}", std::process::id()));
+    let paths = crate::plots::write_run(&dir, "replay-t", "trace t", &r.stats).unwrap();
+    let names: Vec<String> = paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "replay-t-ttft.svg",
+            "replay-t-load.svg",
+            "replay-t-hit-rate.svg"
+        ]
+    );
+    let load = crate::plots::texts(&std::fs::read_to_string(&paths[1]).unwrap());
+    assert!(load.iter().any(|t| t == "b1"), "{load:?}");
+    assert!(std::fs::read_to_string(&paths[0])
+        .unwrap()
+        .contains("TTFT (ms)"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

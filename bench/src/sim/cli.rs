@@ -143,8 +143,10 @@ pub struct SimArgs {
     /// conditional split; TTFT and inter-token latency, see `sim::disagg`). Uses `--seed`.
     #[arg(long)]
     pub disagg: bool,
-    /// Write SVG plots of each policy table (hit rate, TTFT CDF, load per backend)
-    /// into this directory, linked under the table.
+    /// Write SVG plots of each policy table (hit rate, TTFT CDF, load per backend),
+    /// of each sweep (hit rate against the parameter) or of the edge experiments (SLO
+    /// attainment and goodput against load, fairness) into this directory, linked
+    /// under the table.
     #[arg(long)]
     pub plots: Option<std::path::PathBuf>,
 
@@ -320,29 +322,50 @@ fn plot_batch(dir: &std::path::Path, b: &Batch, backends: &[String]) -> String {
         })
         .collect();
     let stem = crate::plots::slug(&format!("{} {}", b.workload, b.distribution));
-    match crate::plots::write(dir, &stem, &b.title, &series) {
-        Ok(paths) => links(&paths),
-        Err(e) => {
-            eprintln!("error: plots for {} not written: {e}", b.title);
-            format!("\n(plots not written: {e})\n")
-        }
-    }
+    let written = crate::plots::write(dir, &stem, &b.title, &series, &crate::plots::Plot::ALL);
+    crate::plots::linked(written, &b.title)
 }
 
-/// Markdown image links to `paths`.
-pub fn links(paths: &[std::path::PathBuf]) -> String {
-    let mut out = String::from("\n");
-    for p in paths {
-        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
-        let _ = writeln!(out, "![{name}]({})", p.display());
-    }
-    out
+/// Plots one sweep table: engine hit rate against the swept parameter, a line per
+/// policy, as `sweep-<param>-<distribution>-hit-rate.svg`.
+fn plot_sweep(
+    dir: &std::path::Path,
+    title: &str,
+    param: &str,
+    label: &str,
+    policies: &[PolicyName],
+    rows: &[Row<'_>],
+) -> String {
+    let lines: Vec<crate::plots::Line> = policies
+        .iter()
+        .map(|p| crate::plots::Line {
+            label: p.as_str().to_string(),
+            points: rows
+                .iter()
+                .filter(|r| r.policy == *p)
+                .filter_map(|r| Some((r.sweep?.1, r.result.hit_rate())))
+                .collect(),
+        })
+        .collect();
+    let path = dir.join(format!(
+        "{}-hit-rate.svg",
+        crate::plots::slug(&format!("sweep {param} {label}"))
+    ));
+    let written = crate::plots::lines(
+        &path,
+        &format!("engine hit rate · {title}"),
+        param,
+        "cached / prompt tokens",
+        &lines,
+    )
+    .map(|()| vec![path]);
+    crate::plots::linked(written, title)
 }
 
 /// Runs what the flags ask for and renders it (Markdown or JSON).
 pub fn run(args: &SimArgs) -> String {
     if args.edge {
-        return super::edge::report(args.seed, args.backends as usize);
+        return super::edge::report(args.seed, args.backends as usize, args.plots.as_deref());
     }
     if args.scheduling {
         return super::scheduling::report(args.seed);
@@ -494,6 +517,9 @@ pub fn run(args: &SimArgs) -> String {
                 let mut title = String::new();
                 let _ = write!(title, "sweep over {param} · docs · {label} ({fleet})");
                 out.push_str(&report::sweep_table(&title, param, &policies, &rows));
+                if let Some(dir) = &args.plots {
+                    out.push_str(&plot_sweep(dir, &title, param, &label, &policies, &rows));
+                }
                 out.push('\n');
             }
         }

@@ -21,6 +21,7 @@ use radixgate_orchestrator::policy::prefix_aware::PrefixAware;
 use radixgate_orchestrator::quota::Bucket;
 use radixgate_orchestrator::{AdmissionInput, Candidate, PrefixAwareConfig, RouteInput, Verdict};
 use std::fmt::Write;
+use std::path::Path;
 
 const SECONDS: f64 = 60.0;
 
@@ -162,8 +163,12 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
     }
 }
 
-/// Both experiments as Markdown.
-pub fn report(seed: u64, backends: usize) -> String {
+/// Load levels of the SLO table, × the fleet's prefill capacity.
+pub const LOADS: [f64; 7] = [0.5, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0];
+
+/// Both experiments as Markdown, each table followed by links to its plots in
+/// `plots` when given (`edge-fairness.svg`, `edge-slo.svg`).
+pub fn report(seed: u64, backends: usize, plots: Option<&Path>) -> String {
     let mut out = String::new();
     let (separate, shared, alone) = fairness(seed, 20.0);
     let _ = writeln!(
@@ -178,9 +183,28 @@ pub fn report(seed: u64, backends: usize) -> String {
     let _ = writeln!(out, "| one shared bucket (40/s) | {:.1}% |", shared * 100.0);
     let _ = writeln!(
         out,
-        "| per tenant, greedy tenant absent (reference) | {:.1}% |\n",
+        "| per tenant, greedy tenant absent (reference) | {:.1}% |",
         alone * 100.0
     );
+    if let Some(dir) = plots {
+        let path = dir.join("edge-fairness.svg");
+        let bars = [
+            ("per tenant (radixgate)".to_string(), separate),
+            ("one shared bucket".to_string(), shared),
+            ("greedy tenant absent".to_string(), alone),
+        ];
+        let written = crate::plots::bars(
+            &path,
+            &format!("fairness · polite tenant at its quota, greedy at 10×, seed {seed}"),
+            "polite tenant's requests served",
+            &bars,
+        );
+        out.push_str(&crate::plots::linked(
+            written.map(|()| vec![path]),
+            "fairness",
+        ));
+    }
+    out.push('\n');
     let budget = 200.0;
     let _ = writeln!(
         out,
@@ -190,8 +214,11 @@ pub fn report(seed: u64, backends: usize) -> String {
         out,
         "| load (× capacity) | offered | no admission: met / served | no admission: goodput | admission: admitted | admission: met / admitted | admission: goodput | refused that would have met |\n|---|---|---|---|---|---|---|---|"
     );
-    for load in [0.5, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0] {
-        let r = slo(seed, backends, load, budget);
+    let rows: Vec<SloRow> = LOADS
+        .iter()
+        .map(|&load| slo(seed, backends, load, budget))
+        .collect();
+    for r in &rows {
         let _ = writeln!(
             out,
             "| {:.1} | {} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2}% |",
@@ -204,6 +231,30 @@ pub fn report(seed: u64, backends: usize) -> String {
             r.goodput * 100.0,
             r.wrongly_refused * 100.0
         );
+    }
+    if let Some(dir) = plots {
+        let path = dir.join("edge-slo.svg");
+        let line = |label: &str, y: fn(&SloRow) -> f64| crate::plots::Line {
+            label: label.to_string(),
+            points: rows.iter().map(|r| (r.load, y(r))).collect(),
+        };
+        let lines = [
+            line("no admission: met / served", |r| r.plain_attainment),
+            line("admission: met / admitted", |r| r.attainment),
+            line("no admission: goodput", |r| r.plain_goodput),
+            line("admission: goodput", |r| r.goodput),
+        ];
+        let written = crate::plots::lines(
+            &path,
+            &format!("SLO attainment and goodput · {backends} backends, TTFT budget {budget} ms, seed {seed}"),
+            "load (× prefill capacity)",
+            "share of requests",
+            &lines,
+        );
+        out.push_str(&crate::plots::linked(
+            written.map(|()| vec![path]),
+            "SLO attainment",
+        ));
     }
     out
 }

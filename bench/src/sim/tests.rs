@@ -159,3 +159,109 @@ fn every_knob_keeps_the_books_balanced() {
         }
     }
 }
+
+/// `sim` parsed from a command line, as `radixgate-bench sim ...` would be.
+fn sim_args(line: &str) -> cli::SimArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Sim {
+        #[command(flatten)]
+        args: cli::SimArgs,
+    }
+    Sim::try_parse_from(line.split(' '))
+        .unwrap_or_else(|e| panic!("{line}: {e}"))
+        .args
+}
+
+/// A fresh directory for one test's plots.
+fn plot_dir(name: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("radixgate-sim-plots-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test reads the files written; no shard runs here"
+)]
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn sweep_plots_hit_rate_against_the_parameter_per_policy() {
+    let dir = plot_dir("sweep");
+    let args = sim_args(&format!(
+        "sim --sweep docs --distribution uniform --policy prefix_aware,round_robin --requests 120 --doc-bytes 1024 --plots {}",
+        dir.display()
+    ));
+    let out = cli::run(&args);
+    let path = dir.join("sweep-docs-uniform-hit-rate.svg");
+    assert!(
+        out.contains(&format!(
+            "![sweep-docs-uniform-hit-rate]({})",
+            path.display()
+        )),
+        "{out}"
+    );
+    let svg = read(&path);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    for want in [
+        "prefix_aware",
+        "round_robin",
+        "docs",
+        "engine hit rate · sweep over docs",
+    ] {
+        assert!(svg.contains(want), "{want} not in the plot");
+    }
+    // A point per swept value and policy.
+    assert_eq!(svg.matches("<circle").count(), 2 * cli::SWEEP_DOCS.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn edge_plots_slo_and_fairness() {
+    let dir = plot_dir("edge");
+    let out = cli::run(&sim_args(&format!(
+        "sim --edge --backends 2 --plots {}",
+        dir.display()
+    )));
+    for (name, wants) in [
+        (
+            "edge-fairness",
+            &[
+                "per tenant (radixgate)",
+                "one shared bucket",
+                "greedy tenant absent",
+            ][..],
+        ),
+        (
+            "edge-slo",
+            &[
+                "no admission: met / served",
+                "admission: met / admitted",
+                "no admission: goodput",
+                "admission: goodput",
+                "load (× prefill capacity)",
+            ][..],
+        ),
+    ] {
+        let path = dir.join(format!("{name}.svg"));
+        assert!(
+            out.contains(&format!("![{name}]({})", path.display())),
+            "{out}"
+        );
+        let svg = read(&path);
+        for want in wants {
+            assert!(svg.contains(want), "{want} not in {name}");
+        }
+    }
+    // Four lines of one point per load level.
+    let slo = read(&dir.join("edge-slo.svg"));
+    assert_eq!(slo.matches("<circle").count(), 4 * edge::LOADS.len());
+    // Without --plots, the same tables and no links.
+    let plain = cli::run(&sim_args("sim --edge --backends 2"));
+    assert!(!plain.contains("!["));
+    let _ = std::fs::remove_dir_all(&dir);
+}

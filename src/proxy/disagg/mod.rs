@@ -26,13 +26,16 @@ mod pair;
 
 use super::exchange::{router_headers, Exchange, Failure};
 use super::route::{ProbeGuard, Route};
-use super::{answer_error, attempt_all, log, write_upstream_head, Request, COALESCE_BODY};
+use super::{
+    answer_error, attempt_all, log, log_answer, write_upstream_head, Request, COALESCE_BODY,
+};
 use crate::config::{DisaggConfig, Protocol};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::metrics::RequestKey;
 use crate::observe::{Usage, UsageScanner};
 use crate::shard::Shard;
+use crate::trace::{ChildSpan, SpanKind, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -52,6 +55,9 @@ enum Split {
     /// `refused`: it answered a 4xx (a refused hand-off), so the decode engine
     /// itself may take a retry with a fresh prefill.
     DecodeFailed { error: GatewayError, refused: bool },
+    /// The prefill leg refused the request itself (a 4xx, which the decode side
+    /// would give too): its answer goes to the client as is.
+    Refused { status: u16, body: Vec<u8> },
 }
 
 /// Serves a request to a split model; see the module docs.
@@ -72,6 +78,7 @@ pub(super) async fn forward(
     // (its headers name both ends) and the failed leg.
     let mut last: Option<(GatewayError, Route, Leg)> = None;
     loop {
+        let route_span = crate::trace::start_child(&TraceContext::of(req.head));
         let (prefill, decode) = match pair::choose(
             shard,
             &blocks,
@@ -93,7 +100,16 @@ pub(super) async fn forward(
                 }
                 let e = match last {
                     Some((e, route, leg)) => {
-                        return answer(shard, client, req, &e, &route, leg).await
+                        return answer(
+                            shard,
+                            client,
+                            req,
+                            &e,
+                            &route,
+                            leg,
+                            prefill_failures + decode_failures,
+                        )
+                        .await
                     }
                     None => GatewayError::new(
                         ErrorKind::NoHealthyBackend,
@@ -109,10 +125,35 @@ pub(super) async fn forward(
                 return Err(e);
             }
             Err(e) => match last {
-                Some((e, route, leg)) => return answer(shard, client, req, &e, &route, leg).await,
+                Some((e, route, leg)) => {
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &route,
+                        leg,
+                        prefill_failures + decode_failures,
+                    )
+                    .await
+                }
                 None => return Err(e),
             },
         };
+        if last.is_none() {
+            shard
+                .metrics
+                .borrow_mut()
+                .decision
+                .observe(req.started.elapsed());
+        }
+        if let Some(mut span) = crate::trace::child(shard, SpanKind::Route, route_span) {
+            span.backend = Some(decode.pick.backend);
+            span.reason = decode.pick.reason.as_str();
+            span.attempt = prefill_failures + decode_failures + 1;
+            span.matched_blocks = prefill.matched_blocks;
+            crate::trace::emit(shard, span);
+        }
         let may_retry_decode = decode_failures + 1 < split.decode_attempts;
         let _probe = ProbeGuard::enter(shard, &prefill);
         let outcome = match split.protocol {
@@ -148,6 +189,12 @@ pub(super) async fn forward(
                 shard.metrics.borrow_mut().disagg.count("split", "split");
                 return Ok((keep_open, usage));
             }
+            Split::Refused { status, body } => {
+                shard.metrics.borrow_mut().disagg.count("split", "split");
+                let retries = prefill_failures + decode_failures;
+                let keep = relay(shard, client, req, &decode, (status, &body), retries).await;
+                return Ok((keep, Usage::default()));
+            }
             Split::PrefillFailed(e) => {
                 shard.metrics.borrow_mut().disagg.fail("prefill");
                 prefill.roll_back(shard);
@@ -159,7 +206,16 @@ pub(super) async fn forward(
                     if split.local_fallback {
                         return local(shard, client, req, body, blocks, "prefill_failed").await;
                     }
-                    return answer(shard, client, req, &e, &decode, Leg::Prefill).await;
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &decode,
+                        Leg::Prefill,
+                        prefill_failures + decode_failures,
+                    )
+                    .await;
                 }
                 last = Some((e, decode, Leg::Prefill));
             }
@@ -173,7 +229,16 @@ pub(super) async fn forward(
                 }
                 tracing::debug!(backend = %shard.backend_id(decode.pick.backend), error = %e, "decode leg failed; retrying with a fresh prefill");
                 if decode_failures >= split.decode_attempts {
-                    return answer(shard, client, req, &e, &decode, Leg::Decode).await;
+                    return answer(
+                        shard,
+                        client,
+                        req,
+                        &e,
+                        &decode,
+                        Leg::Decode,
+                        prefill_failures + decode_failures,
+                    )
+                    .await;
                 }
                 last = Some((e, decode, Leg::Decode));
             }
@@ -206,9 +271,10 @@ enum Leg {
     Decode,
 }
 
-/// Answers the failure of the last attempt's `leg`, with the headers of its pair's
-/// decode `route`. A decode leg's exchange was counted already; a prefill leg's is
-/// counted here, against the prefill backend.
+/// Answers the failure of the last attempt's `leg` (after `tries` failed tries in
+/// all), with the headers of its pair's decode `route`, and logs it against the
+/// failed leg's backend. A decode leg's exchange was counted already; a prefill
+/// leg's is counted here, against the prefill backend.
 async fn answer(
     shard: &Shard,
     client: &mut TcpStream,
@@ -216,14 +282,25 @@ async fn answer(
     e: &GatewayError,
     route: &Route,
     leg: Leg,
+    tries: u32,
 ) -> Result<(bool, Usage), GatewayError> {
+    let mut backend = route.pick.backend;
     if let (Leg::Prefill, Some(prefill)) = (leg, route.prefill) {
+        backend = prefill;
         shard.metrics.borrow_mut().count_request(RequestKey {
             backend: Some(prefill),
             status: e.status(),
             reason: route.pick.reason.as_str(),
+            model: Some(req.facts.model),
         });
     }
+    log_answer(
+        shard,
+        req,
+        route,
+        (backend, e.status()),
+        tries.saturating_sub(1),
+    );
     let keep = answer_error(shard, client, e, route, req.head.keep_alive, req.request_id).await?;
     Ok((keep, Usage::default()))
 }
@@ -244,15 +321,18 @@ async fn vllm(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let request = prefill_request(shard, req, p, &leg_body);
-    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout).await {
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
+    let request = prefill_request(shard, req, p, &leg_body, span);
+    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout, span).await {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
         Ok((200, answer)) => body::transfer_params(&answer),
         // The request itself was refused: the decode side would refuse it too.
         Ok((status, answer)) if status < 500 => {
-            let keep = relay(shard, client, req, decode, status, &answer).await;
-            return Split::Done(keep, Usage::default());
+            return Split::Refused {
+                status,
+                body: answer,
+            }
         }
         Ok((status, _)) => {
             return Split::PrefillFailed(GatewayError::new(
@@ -300,12 +380,14 @@ async fn sglang(
         Ok(b) => b,
         Err(e) => return Split::PrefillFailed(e),
     };
-    let request = prefill_request(shard, req, p, &leg_body);
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
+    let request = prefill_request(shard, req, p, &leg_body, span);
     let prefill_task = monoio::spawn(prefill_leg(
         shard.clone(),
         p,
         request,
         split.prefill_timeout,
+        span,
     ));
     let outcome = decode_leg(
         shard,
@@ -338,8 +420,15 @@ async fn sglang(
     }
 }
 
-/// A prefill leg's request to backend `p`: the client's head with `leg_body`.
-fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) -> Vec<u8> {
+/// A prefill leg's request to backend `p`: the client's head with `leg_body`, its
+/// `traceparent` naming the leg's `span`.
+fn prefill_request(
+    shard: &Shard,
+    req: &Request<'_>,
+    p: usize,
+    leg_body: &[u8],
+    span: Option<ChildSpan>,
+) -> Vec<u8> {
     let mut request = shard.take_buffer();
     write_upstream_head(
         shard,
@@ -348,7 +437,7 @@ fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) 
         leg_body.len(),
         p,
         req.request_id,
-        0,
+        crate::trace::id_of(span),
     );
     request.extend_from_slice(leg_body);
     request
@@ -358,12 +447,13 @@ fn prefill_request(shard: &Shard, req: &Request<'_>, p: usize, leg_body: &[u8]) 
 const PREFILL_RESPONSE_LIMIT: usize = 1 << 20;
 
 /// Runs a prefill leg on `backend` and reads its answer whole (its own task under
-/// SGLang, so it owns what it uses).
+/// SGLang, so it owns what it uses); ends the leg's `span`.
 async fn prefill_leg(
     shard: Rc<Shard>,
     backend: usize,
     request: Vec<u8>,
     timeout: Duration,
+    span: Option<ChildSpan>,
 ) -> Result<(u16, Vec<u8>), GatewayError> {
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
     let started = Instant::now();
@@ -392,6 +482,14 @@ async fn prefill_leg(
         )),
     };
     shard.report_outcome(backend, matches!(&result, Ok((s, _)) if *s < 500));
+    if let Some(mut span) = crate::trace::child(&shard, SpanKind::PrefillLeg, span) {
+        span.backend = Some(backend);
+        (span.status, span.reason) = match &result {
+            Ok((status, _)) => (*status, ""),
+            Err(e) => (e.status(), e.code()),
+        };
+        crate::trace::emit(&shard, span);
+    }
     shard
         .metrics
         .borrow_mut()
@@ -415,6 +513,7 @@ async fn decode_leg(
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, route);
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let span = crate::trace::start_child(&TraceContext::of(req.head));
     let mut request = shard.take_buffer();
     write_upstream_head(
         shard,
@@ -423,7 +522,7 @@ async fn decode_leg(
         body.len(),
         backend,
         req.request_id,
-        0,
+        crate::trace::id_of(span),
     );
     let separate = body.len() > COALESCE_BODY;
     if !separate {
@@ -462,6 +561,11 @@ async fn decode_leg(
         }
         m.disagg.decode_leg.observe(leg_started.elapsed());
     }
+    if let Some(mut span) = crate::trace::child(shard, SpanKind::DecodeLeg, span) {
+        span.backend = Some(backend);
+        (span.status, span.reason) = Failure::span_outcome(&result, exchange.status);
+        crate::trace::emit(shard, span);
+    }
     match result {
         Ok(keep_open) => {
             shard.report_outcome(backend, exchange.status < 500);
@@ -495,20 +599,24 @@ async fn decode_leg(
 }
 
 /// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client,
-/// with the headers of the pair's decode `route`, counted against the prefill backend.
+/// with the headers of the pair's decode `route`, counted and logged against the
+/// prefill backend (after `retries` failed tries).
 async fn relay(
     shard: &Shard,
     client: &mut TcpStream,
     req: &Request<'_>,
     route: &Route,
-    status: u16,
-    body: &[u8],
+    (status, body): (u16, &[u8]),
+    retries: u32,
 ) -> bool {
+    let prefill = route.prefill.unwrap_or(route.pick.backend);
     shard.metrics.borrow_mut().count_request(RequestKey {
-        backend: Some(route.prefill.unwrap_or(route.pick.backend)),
+        backend: Some(prefill),
         status,
         reason: route.pick.reason.as_str(),
+        model: Some(req.facts.model),
     });
+    log_answer(shard, req, route, (prefill, status), retries);
     let mut out = Vec::with_capacity(256 + body.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
