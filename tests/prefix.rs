@@ -308,3 +308,39 @@ fn queued_prefill_work_steers_cold_prompts(io: &str) {
     assert_eq!(pending_prefill(&m, "e1"), 0.0, "{m}");
 }
 both_drivers!(queued_prefill_work_steers_cold_prompts);
+
+/// `routing.index_touch_ms`: a prompt the pick already holds in full, seen again within
+/// the interval, is neither recorded nor replicated, on whichever shard it arrives once
+/// that shard's replica has it; the requests still follow the prefix. With 0, every
+/// request is recorded.
+fn repeated_prompts_touch_the_index_once_per_interval(io: &str) {
+    for (touch_ms, coalesced) in [(600_000, 5.0), (0, 0.0)] {
+        let (_engines, gw) = fleet(io, 3, 2, &format!("index_touch_ms = {touch_ms}\n"));
+        let addr = gw.local_addr();
+        let first = Client::connect(addr).post("/v1/chat/completions", &doc_question(3, 0), &[]);
+        let home = first.header("x-router-backend").unwrap().to_string();
+        wait_replicated(addr);
+        // Fresh connections: spread over both shards.
+        for _ in 0..5 {
+            let r = Client::connect(addr).post("/v1/chat/completions", &doc_question(3, 0), &[]);
+            assert_eq!(r.status, 200);
+            assert_eq!(r.header("x-router-backend"), Some(home.as_str()));
+            assert_eq!(r.header("x-router-reason"), Some("longest-prefix"));
+        }
+        wait_replicated(addr);
+        let m = Client::connect(addr).get("/metrics").text();
+        assert_eq!(
+            metric(&m, "radixgate_index_touches_coalesced_total"),
+            Some(coalesced),
+            "index_touch_ms = {touch_ms}: {m}"
+        );
+        // Every copy of the index still agrees.
+        let blocks = metric(&m, "radixgate_index_blocks{copy=\"coordinator\"}");
+        assert!(blocks.unwrap_or(0.0) > 0.0, "{m}");
+        for shard in 0..2 {
+            let copy = format!("radixgate_index_blocks{{copy=\"shard-{shard}\"}}");
+            assert_eq!(metric(&m, &copy), blocks, "{m}");
+        }
+    }
+}
+both_drivers!(repeated_prompts_touch_the_index_once_per_interval);
