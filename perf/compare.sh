@@ -20,6 +20,7 @@
 #   NICE=-10            nice level of everything started (default -10 as root, else 0)
 #   OHA=1               also take latency distributions at concurrency 1 with oha
 #                       (only if `oha` is installed; wrk stays the load generator)
+#   BIN=path            a given radixgate binary instead of building this checkout
 #
 # What it does: installs its tools if missing (perf/setup.sh), builds radixgate in
 # release, starts 2 `radixgate engine-sim --fixed-response` (answer at once with a
@@ -46,8 +47,12 @@ NICE=${NICE:-$([ "$(id -u)" = 0 ] && echo -10 || echo 0)}
 VENV=${PERF_VENV:-$HOME/.cache/radixgate/perf-venv}
 
 "$ROOT/perf/setup.sh"
-cargo build --release -q -p radixgate
-BIN=$ROOT/target/release/radixgate
+# BIN=path/to/radixgate runs that binary (gateway and engines) instead of building
+# this checkout, as perf/callgrind.sh does.
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p radixgate
+  BIN=$ROOT/target/release/radixgate
+fi
 
 WORK=$(mktemp -d /tmp/radixgate-compare.XXXXXX)
 chmod 755 "$WORK" # nginx workers may run as another user
