@@ -278,7 +278,8 @@ struct RoutingWire {
     index_max_blocks: usize,
     /// A prompt routed to a backend that already holds all of it refreshes its
     /// recency in the index (and is replicated) at most once per this many
-    /// milliseconds; 0 records every request.
+    /// milliseconds, and so does a session binding to its home; 0 records every
+    /// request.
     index_touch_ms: u64,
     /// How long a conversation stays bound to its backend after its last request
     /// (`X-Session-ID`).

@@ -76,8 +76,9 @@ pub struct ShardMetrics {
     pub replica_applied: u64,
     /// Index events this shard sent to the coordinator.
     pub index_events_published: u64,
-    /// Routing inserts skipped because the pick already held the whole prompt,
-    /// last used less than `routing.index_touch_ms` ago.
+    /// Routing inserts (and session re-bindings) skipped because the pick already
+    /// held the whole prompt (was the session's home), used less than
+    /// `routing.index_touch_ms` ago.
     pub index_touches_coalesced: u64,
     /// Age of each replicated event when this shard applied it.
     pub replica_age: Histogram,
@@ -600,7 +601,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     out.family(
         "radixgate_index_touches_coalesced_total",
         Kind::Counter,
-        "Routing inserts not recorded or replicated: the pick already held the whole prompt, used less than routing.index_touch_ms ago.",
+        "Routing inserts and session re-bindings not recorded or replicated: the pick already held the whole prompt (was the session's home), used less than routing.index_touch_ms ago.",
     )
     .row(vec![], Value::Int(merged.index_touches_coalesced));
     let pending = merged

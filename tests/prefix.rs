@@ -126,7 +126,14 @@ fn documents_spread_and_stick(io: &str) {
 both_drivers!(documents_spread_and_stick);
 
 fn session_affinity(io: &str) {
-    let (_engines, gw) = fleet(io, 3, 2, "");
+    // Re-binding a session to its home within `index_touch_ms` is not replicated.
+    for (touch_ms, coalesced) in [(600_000, 4.0), (0, 0.0)] {
+        session_affinity_with(io, touch_ms, coalesced);
+    }
+}
+
+fn session_affinity_with(io: &str, touch_ms: u64, coalesced: f64) {
+    let (_engines, gw) = fleet(io, 3, 2, &format!("index_touch_ms = {touch_ms}\n"));
     let addr = gw.local_addr();
     let mut homes = HashSet::new();
     for turn in 0..5 {
@@ -146,6 +153,13 @@ fn session_affinity(io: &str) {
         wait_replicated(addr);
     }
     assert_eq!(homes.len(), 1);
+    // The prompts are shorter than a block: only session bindings were recorded.
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_index_touches_coalesced_total"),
+        Some(coalesced),
+        "index_touch_ms = {touch_ms}: {m}"
+    );
 }
 both_drivers!(session_affinity);
 

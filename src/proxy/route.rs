@@ -320,18 +320,30 @@ pub(super) fn route(
         blocks
     });
     if let Some(session) = session {
-        shard
+        // Like a prompt already held: a session already bound here, seen less than
+        // `index_touch_ms` ago, would only have its time-to-live refreshed.
+        let touch_ms = live.config.routing.index_touch_ms;
+        let fresh = shard
             .sessions
-            .borrow_mut()
-            .bind(session, pick.backend, now_ms);
-        publish(
-            shard,
-            IndexOp::BindSession {
-                session,
-                backend: pick.backend,
-                now_ms,
-            },
-        );
+            .borrow()
+            .binding(session)
+            .is_some_and(|(b, seen)| b == pick.backend && now_ms.saturating_sub(seen) < touch_ms);
+        if fresh {
+            shard.metrics.borrow_mut().index_touches_coalesced += 1;
+        } else {
+            shard
+                .sessions
+                .borrow_mut()
+                .bind(session, pick.backend, now_ms);
+            publish(
+                shard,
+                IndexOp::BindSession {
+                    session,
+                    backend: pick.backend,
+                    now_ms,
+                },
+            );
+        }
     }
     let tokens_per_block = live.config.routing.prefix_aware.tokens_per_block.max(0.0);
     let uncached_blocks = blocks.len().saturating_sub(chosen.matched_blocks as usize);
