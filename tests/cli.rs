@@ -141,6 +141,8 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Stopped however the test ends (a failed assertion included).
+    let child = Spawned(child);
     let mut next_json = || -> serde_json::Value {
         let line = lines.next().expect("a log line").unwrap();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
@@ -176,8 +178,7 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
             break v;
         }
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(access["backend"], "b0");
     assert_eq!(access["model"], "sim");
