@@ -77,7 +77,7 @@ http {
   access_log off;
   client_body_temp_path $WORK/body; proxy_temp_path $WORK/proxy; fastcgi_temp_path $WORK/fcgi;
   uwsgi_temp_path $WORK/uwsgi; scgi_temp_path $WORK/scgi;
-  client_body_buffer_size 64k;
+  client_body_buffer_size 1m;
   keepalive_requests 10000000;
   upstream engines { server 127.0.0.1:$EPORT; keepalive 64; }
   server {
@@ -105,10 +105,13 @@ def make(k):
     return json.dumps({"model": "sim", "max_tokens": 4, "messages": [
         {"role": "system", "content": text}, {"role": "user", "content": "Summarise."}]},
         separators=(",", ":"))
-k = 1
-while len(make(k + 1)) <= size:
-    k += 1
-body = make(k)
+lo, hi = 1, 2
+while len(make(hi)) <= size:
+    lo, hi = hi, hi * 2
+while lo + 1 < hi:  # the largest k whose body fits in `size`
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if len(make(mid)) <= size else (lo, mid)
+body = make(lo)
 req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
        f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
 deadline = time.time() + 120

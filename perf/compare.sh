@@ -8,7 +8,8 @@
 # Knobs (environment):
 #   DURATION=8          seconds of wrk load per (proxy, body, concurrency) cell
 #   WARMUP=2            seconds of unmeasured load after each proxy starts
-#   BODIES="2048 16384" chat body sizes in bytes
+#   BODIES="2048 16384 131072"  chat body sizes in bytes (131072: long prompts; the
+#                       report adds MB/s of bodies through each proxy against direct)
 #   CONCS="1 64 256"    wrk connections
 #   ROUNDS=1            interleaved rounds over the proxy list (medians reported)
 #   ONLY=regex          only proxies whose name matches (direct and nginx are always
@@ -19,6 +20,7 @@
 #   NICE=-10            nice level of everything started (default -10 as root, else 0)
 #   OHA=1               also take latency distributions at concurrency 1 with oha
 #                       (only if `oha` is installed; wrk stays the load generator)
+#   BIN=path            a given radixgate binary instead of building this checkout
 #
 # What it does: installs its tools if missing (perf/setup.sh), builds radixgate in
 # release, starts 2 `radixgate engine-sim --fixed-response` (answer at once with a
@@ -33,7 +35,7 @@ ROOT=$PWD
 
 DURATION=${DURATION:-8}
 WARMUP=${WARMUP:-2}
-BODIES=${BODIES:-"2048 16384"}
+BODIES=${BODIES:-"2048 16384 131072"}
 CONCS=${CONCS:-"1 64 256"}
 ROUNDS=${ROUNDS:-1}
 ONLY=${ONLY:-}
@@ -45,8 +47,12 @@ NICE=${NICE:-$([ "$(id -u)" = 0 ] && echo -10 || echo 0)}
 VENV=${PERF_VENV:-$HOME/.cache/radixgate/perf-venv}
 
 "$ROOT/perf/setup.sh"
-cargo build --release -q -p radixgate
-BIN=$ROOT/target/release/radixgate
+# BIN=path/to/radixgate runs that binary (gateway and engines) instead of building
+# this checkout, as perf/callgrind.sh does.
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p radixgate
+  BIN=$ROOT/target/release/radixgate
+fi
 
 WORK=$(mktemp -d /tmp/radixgate-compare.XXXXXX)
 chmod 755 "$WORK" # nginx workers may run as another user
@@ -191,7 +197,9 @@ http {
   access_log off;
   client_body_temp_path $d/body; proxy_temp_path $d/proxy; fastcgi_temp_path $d/fcgi;
   uwsgi_temp_path $d/uwsgi; scgi_temp_path $d/scgi;
-  client_body_buffer_size 64k;
+  # Whole bodies in memory up to 1 MB (the default 16k would spill 128 KB prompts to
+  # a temp file on disk; nginx buffers a request body before proxying it).
+  client_body_buffer_size 1m;
   client_max_body_size 8m;
   keepalive_requests 10000000;
   keepalive_timeout 300s;
@@ -398,7 +406,7 @@ cp "$RAW" "$(dirname "$OUT")/results.jsonl"
 CMD="perf/compare.sh"
 for v in DURATION WARMUP BODIES CONCS ROUNDS ONLY PROXY_CORE LOAD_CORE OHA NICE; do
   def=""
-  case $v in DURATION) def=8 ;; WARMUP) def=2 ;; BODIES) def="2048 16384" ;; CONCS) def="1 64 256" ;;
+  case $v in DURATION) def=8 ;; WARMUP) def=2 ;; BODIES) def="2048 16384 131072" ;; CONCS) def="1 64 256" ;;
     ROUNDS) def=1 ;; ONLY) def="" ;; PROXY_CORE) def=1 ;; LOAD_CORE) def=0 ;; OHA) def=0 ;;
     NICE) def=$([ "$(id -u)" = 0 ] && echo -10 || echo 0) ;; esac
   [ "${!v}" != "$def" ] && CMD="$v='${!v}' $CMD"

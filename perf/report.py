@@ -117,6 +117,27 @@ def main():
               + " | ".join(added) + " |")
         w("")
 
+    # Long prompts: request-body throughput through each proxy against direct.
+    if bodies:
+        w("## Request body throughput (MB/s of chat bodies; × direct at the same body and concurrency)\n")
+        w("MB/s = req/s × body bytes / 10⁶: the prompt bytes each proxy moves to the engines. "
+          "At 128 KB the proxies' body handling (buffering, copies, JSON parsing) dominates.\n")
+        w("| proxy | " + " | ".join(f"{b} B @c={c}" for b in bodies for c in concs) + " |")
+        w("|---|" + "--:|" * (len(bodies) * len(concs)))
+        for p in order:
+            cells = []
+            for b in bodies:
+                for c in concs:
+                    rps = stat(p, b, c, "rps")
+                    d = stat("direct", b, c, "rps")
+                    if rps is None:
+                        cells.append("–")
+                    else:
+                        mbs = rps * b / 1e6
+                        cells.append(f"{mbs:,.0f}" + (f" ({rps / d:.2f}×)" if d and p != "direct" else ""))
+            w(f"| {p} | " + " | ".join(cells) + " |")
+        w("")
+
     for b in bodies:
         for c in concs:
             w(f"## {b} B body, concurrency {c}\n")

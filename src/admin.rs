@@ -5,13 +5,16 @@
 //! [`AdminRequest`]s over crossbeam and are answered from its authoritative view;
 //! every change reaches the shards as one new fleet snapshot. A reload reads and
 //! validates the config file here, off the coordinator (see [`crate::reload`]).
+//! `GET /admin/shards` asks the shards themselves (see [`crate::placement`]).
 
 use crate::config::{BackendConfig, Config};
 use crate::error::{ErrorKind, GatewayError};
+use crate::shard::Shared;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest admin request body (a backend definition).
@@ -49,6 +52,7 @@ pub fn serve(
     token: String,
     coordinator: Sender<AdminRequest>,
     source: Option<PathBuf>,
+    shared: Arc<Shared>,
     stop: Receiver<()>,
 ) {
     let _ = listener.set_nonblocking(true);
@@ -56,6 +60,7 @@ pub fn serve(
         token,
         coordinator,
         source,
+        shared,
     };
     loop {
         match listener.accept() {
@@ -79,6 +84,8 @@ struct Context {
     token: String,
     coordinator: Sender<AdminRequest>,
     source: Option<PathBuf>,
+    /// Read-only shard state: placements and command channels (`GET /admin/shards`).
+    shared: Arc<Shared>,
 }
 
 fn handle(mut stream: TcpStream, ctx: &Context) {
@@ -220,6 +227,7 @@ fn route(
     match (method, segments.as_slice()) {
         ("GET", ["admin", "backends"]) => ok(ask(coordinator, AdminRequest::Backends)?),
         ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
+        ("GET", ["admin", "shards"]) => ok(crate::placement::shards_json(&ctx.shared)),
         ("POST", ["admin", "backends", id, action @ ("drain" | "undrain")]) => {
             let id = id.to_string();
             let on = *action == "drain";
@@ -257,6 +265,7 @@ fn route(
             _,
             ["admin", "backends"]
             | ["admin", "index"]
+            | ["admin", "shards"]
             | ["admin", "reload"]
             | ["admin", "backends", _]
             | ["admin", "backends", _, _],

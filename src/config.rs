@@ -276,6 +276,11 @@ struct RoutingWire {
     bytes_per_token: f64,
     /// Bound on the prefix index's size, in blocks, across all backends.
     index_max_blocks: usize,
+    /// A prompt routed to a backend that already holds all of it refreshes its
+    /// recency in the index (and is replicated) at most once per this many
+    /// milliseconds, and so does a session binding to its home; 0 records every
+    /// request.
+    index_touch_ms: u64,
     /// How long a conversation stays bound to its backend after its last request
     /// (`X-Session-ID`).
     session_ttl_ms: u64,
@@ -307,6 +312,7 @@ impl Default for RoutingWire {
             hash_virtual_nodes: 160,
             bytes_per_token: 4.0,
             index_max_blocks: 1 << 20,
+            index_touch_ms: 100,
             session_ttl_ms: 30 * 60 * 1000,
             max_sessions: 100_000,
             prefix_aware: PrefixAwareWire::default(),
@@ -537,6 +543,8 @@ pub struct RoutingConfig {
     pub hash_virtual_nodes: u32,
     pub bytes_per_token: f64,
     pub index_max_blocks: usize,
+    /// `routing.index_touch_ms` (see `PrefixIndex::touch_is_due`).
+    pub index_touch_ms: u64,
     pub session_ttl: Duration,
     pub max_sessions: usize,
     pub prefix_aware: radixgate_orchestrator::PrefixAwareConfig,
@@ -966,6 +974,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         hash_virtual_nodes: r.hash_virtual_nodes,
         bytes_per_token: r.bytes_per_token,
         index_max_blocks: r.index_max_blocks,
+        index_touch_ms: r.index_touch_ms,
         session_ttl: millis(r.session_ttl_ms, "routing.session_ttl_ms", errors),
         max_sessions: r.max_sessions,
         prefix_aware,

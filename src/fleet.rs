@@ -99,6 +99,11 @@ impl InFlight {
         );
     }
 
+    /// The count of one shard for one backend.
+    pub fn get(&self, shard: usize, backend: usize) -> u32 {
+        self.rows[shard][backend].0.load(Ordering::Relaxed)
+    }
+
     /// The count for `backend` summed over all shards (in-flight requests, or pending
     /// prefill tokens, depending on what the instance counts).
     pub fn total(&self, backend: usize) -> u32 {

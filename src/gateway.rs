@@ -118,11 +118,13 @@ impl Gateway {
             let handle = std::thread::Builder::new()
                 .name(format!("radixgate-shard-{id}"))
                 .spawn(move || {
-                    if let Some(core) = core_id {
-                        if !core_affinity::set_for_current(core) {
+                    let pinned = core_id.is_some_and(|core| {
+                        let ok = core_affinity::set_for_current(core);
+                        if !ok {
                             tracing::warn!(shard = id, core = core.id, "could not pin shard to core");
                         }
-                    }
+                        ok
+                    });
                     let mut runtime = match ShardRuntime::build(driver) {
                         Ok(rt) => rt,
                         Err(e) => {
@@ -130,6 +132,7 @@ impl Gateway {
                             return;
                         }
                     };
+                    shared.placements.record(id, core, pinned, driver);
                     runtime.block_on(async move {
                         let listener = match monoio::net::TcpListener::from_std(listener) {
                             Ok(l) => l,
@@ -221,12 +224,12 @@ impl Gateway {
         }
         if let Some((listener, token)) = admin_listener {
             let admin_stop = stop_rx.clone();
-            let (admin_tx, source) = (admin_tx.clone(), source.clone());
+            let (admin_tx, source, shared) = (admin_tx.clone(), source.clone(), shared.clone());
             control_threads.push(
                 std::thread::Builder::new()
                     .name("radixgate-admin".into())
                     .spawn(move || {
-                        crate::admin::serve(listener, token, admin_tx, source, admin_stop)
+                        crate::admin::serve(listener, token, admin_tx, source, shared, admin_stop)
                     })?,
             );
         }

@@ -89,6 +89,10 @@ pub struct ShardMetrics {
     pub replica_applied: u64,
     /// Index events this shard sent to the coordinator.
     pub index_events_published: u64,
+    /// Routing inserts (and session re-bindings) skipped because the pick already
+    /// held the whole prompt (was the session's home), used less than
+    /// `routing.index_touch_ms` ago.
+    pub index_touches_coalesced: u64,
     /// Age of each replicated event when this shard applied it.
     pub replica_age: Histogram,
     /// Per backend: cached prompt tokens the index predicted for the requests routed
@@ -114,6 +118,10 @@ pub struct ShardMetrics {
     pub queue_wait: Histogram,
     /// Filled in when collected: requests in this shard's edge queue.
     pub queue_depth: u64,
+    /// Filled in when collected (for `GET /admin/shards`): client connections open
+    /// on this shard and requests being answered.
+    pub open_connections: u64,
+    pub active_requests: u64,
     /// Split prefill/decode serving.
     pub disagg: DisaggMetrics,
     /// How late this shard's event loop woke for its stall-detection tick.
@@ -174,6 +182,7 @@ impl ShardMetrics {
         self.completion_tokens += other.completion_tokens;
         self.replica_applied += other.replica_applied;
         self.index_events_published += other.index_events_published;
+        self.index_touches_coalesced += other.index_touches_coalesced;
         self.replica_age.merge(&other.replica_age);
         self.decision.merge(&other.decision);
         self.retry_budget_exhausted += other.retry_budget_exhausted;
@@ -590,6 +599,12 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             Value::Int(sent.saturating_sub(s.replica_applied)),
         );
     }
+    out.family(
+        "radixgate_index_touches_coalesced_total",
+        Kind::Counter,
+        "Routing inserts and session re-bindings not recorded or replicated: the pick already held the whole prompt (was the session's home), used less than routing.index_touch_ms ago.",
+    )
+    .row(vec![], Value::Int(merged.index_touches_coalesced));
     let pending = merged
         .index_events_published
         .saturating_sub(g.coordinator_received);

@@ -6,7 +6,7 @@
 //!
 //! - applied: `[[backends]]` (diffed by id: added, removed, updated in place — a
 //!   changed `capabilities` list too — or replaced when `url` changed), `routing.policy`, `routing.allow_policy_header`,
-//!   `routing.hash_load_factor`, `routing.hash_virtual_nodes`,
+//!   `routing.hash_load_factor`, `routing.hash_virtual_nodes`, `routing.index_touch_ms`,
 //!   `routing.prefix_aware.*`, `routing.rag_chunk_weight`, `[upstream]`, `[health]`,
 //!   `[retry]`, `[breaker]`, `[models.*]` (split pools);
 //! - restart only (reported under `restart_required` and left as running): every
@@ -66,6 +66,12 @@ pub fn plan(running: &Config, new: &Config) -> ReloadPlan {
         "routing.hash_virtual_nodes",
         r0.hash_virtual_nodes,
         r1.hash_virtual_nodes,
+    );
+    diff(
+        &mut changed,
+        "routing.index_touch_ms",
+        r0.index_touch_ms,
+        r1.index_touch_ms,
     );
     for (key, a, b) in [
         (

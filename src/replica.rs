@@ -146,6 +146,11 @@ impl SessionTable {
             .map(|(b, _)| *b)
     }
 
+    /// The session's backend and when it was last bound, expired or not.
+    pub fn binding(&self, session: u64) -> Option<(BackendIdx, u64)> {
+        self.bindings.get(&session).copied()
+    }
+
     pub fn bind(&mut self, session: u64, backend: BackendIdx, now_ms: u64) {
         if self.bindings.len() >= self.max && !self.bindings.contains_key(&session) {
             // Drop expired bindings; if none expired, the oldest half.

@@ -63,6 +63,8 @@ pub struct Shared {
     pub index_blocks: AtomicU64,
     /// Zero of the index's logical clock (milliseconds since start).
     pub epoch: Instant,
+    /// Where each shard thread runs (written once by each, read by the admin API).
+    pub placements: crate::placement::Placements,
     pub tenants: Vec<Tenant>,
     pub keys: KeyTable,
     /// Per backend, what its KV-event subscription applied (precise mode; the
@@ -117,6 +119,7 @@ impl Shared {
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
             epoch: Instant::now(),
+            placements: crate::placement::Placements::new(config.server.shards.get()),
             in_flight: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
             pending_prefill_tokens: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
             shard_commands,
@@ -378,6 +381,8 @@ impl Shard {
                     copy.replica_blocks = self.index.borrow().total_blocks() as u64;
                     copy.prefill_ns = self.prefill_ns.borrow().clone();
                     copy.queue_depth = self.edge_queue.len() as u64;
+                    copy.open_connections = self.conns.len() as u64;
+                    copy.active_requests = self.active_requests.get() as u64;
                     let _ = reply.send(copy);
                 }
             }

@@ -112,6 +112,96 @@ fn admin_requires_the_token(io: &str) {
 }
 both_drivers!(admin_requires_the_token);
 
+/// The first core this test process may run on (pinning there always works).
+fn a_core_we_may_use() -> usize {
+    core_affinity::get_core_ids()
+        .and_then(|ids| ids.first().map(|c| c.id))
+        .expect("the process may run on some core")
+}
+
+/// `GET /admin/shards` once every shard thread has recorded its placement (each
+/// does as it starts).
+fn shards_view(admin_addr: SocketAddr) -> serde_json::Value {
+    let mut v = serde_json::Value::Null;
+    assert!(eventually(Duration::from_secs(5), || {
+        let r = admin(admin_addr, "GET", "/admin/shards", Some(TOKEN));
+        assert_eq!(r.status, 200, "{}", r.text());
+        v = r.json();
+        v["shards"]
+            .as_array()
+            .is_some_and(|s| s.iter().all(|s| s["thread_id"].is_i64()))
+    }));
+    v
+}
+
+#[allow(clippy::disallowed_methods)] // procfs from the test thread, not a shard
+fn shards_view_shows_placement_and_live_counters(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let core = a_core_we_may_use();
+    let extra = format!("cores = [{core}]\n{}", admin_extra("round_robin"));
+    let gw = start_gateway(io, 2, &extra, &[("e0", e0.url(), "sim")]);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    // Five requests on one keep-alive connection: all on one shard.
+    let mut c = Client::connect(addr);
+    for i in 0..5 {
+        let r = c.post(
+            "/v1/chat/completions",
+            &chat_body(&format!("q{i}"), false),
+            &[],
+        );
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(admin(admin_addr, "GET", "/admin/shards", None).status, 401);
+    assert_eq!(
+        admin(admin_addr, "POST", "/admin/shards", Some(TOKEN)).status,
+        405
+    );
+    let v = shards_view(admin_addr);
+    let shards = v["shards"].as_array().expect("a list of shards");
+    assert_eq!(shards.len(), 2, "{v}");
+    let mut requests = Vec::new();
+    for (k, s) in shards.iter().enumerate() {
+        assert_eq!(s["shard"], k, "{s}");
+        assert_eq!(s["thread"], format!("radixgate-shard-{k}"));
+        assert_eq!(s["io"], gw.driver().as_str(), "{s}");
+        assert_eq!(s["core"], core, "{s}");
+        assert_eq!(s["pinned"], true, "{s}");
+        // The kernel's view: pinned to exactly that core, and last ran there.
+        assert_eq!(s["cpus_allowed"], core.to_string(), "{s}");
+        assert_eq!(s["last_cpu"], core, "{s}");
+        let tid = s["thread_id"].as_i64().expect("a thread id");
+        let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
+        // The kernel keeps 15 bytes of a thread's name.
+        assert_eq!(comm.trim(), &format!("radixgate-shard-{k}")[..15]);
+        assert!(s["cpu_seconds"].as_f64().is_some(), "{s}");
+        let counters = &s["counters"];
+        requests.push((
+            counters["requests"].as_u64().expect("live counters"),
+            counters["open_connections"].as_u64().unwrap(),
+        ));
+        assert_eq!(counters["active_requests"], 0, "{s}");
+        assert_eq!(counters["in_flight_upstream"], 0, "{s}");
+    }
+    requests.sort();
+    // One shard served all five and still holds the client's connection.
+    assert_eq!(requests, vec![(0, 0), (5, 1)], "{v}");
+    assert_eq!(v["coordinator_core"], serde_json::Value::Null);
+    drop(c);
+}
+both_drivers!(shards_view_shows_placement_and_live_counters);
+
+fn shards_view_without_pinning(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let gw = gateway(io, &[&e0]);
+    let v = shards_view(gw.admin_addr().unwrap());
+    for s in v["shards"].as_array().unwrap() {
+        assert_eq!(s["core"], serde_json::Value::Null, "{s}");
+        assert_eq!(s["pinned"], false, "{s}");
+        assert!(s["thread_id"].as_i64().unwrap() > 0, "{s}");
+    }
+}
+both_drivers!(shards_view_without_pinning);
+
 fn drain_under_load_loses_nothing(io: &str) {
     let mut cfg = EngineConfig::instant("sim");
     cfg.decode_per_token = Duration::from_millis(2);

@@ -142,11 +142,19 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Stopped however the test ends (a failed assertion included).
+    let child = Spawned(child);
     let mut next_json = || -> serde_json::Value {
         let line = lines.next().expect("a log line").unwrap();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
     };
-    let started = next_json();
+    // (Shard threads log `shard started` as they start, possibly first.)
+    let started = loop {
+        let v = next_json();
+        if v["message"] == "radixgate listening" {
+            break v;
+        }
+    };
     let addr: std::net::SocketAddr = started["addr"]
         .as_str()
         .expect("listening line has addr")
@@ -171,8 +179,7 @@ fn serve_writes_one_json_line_per_request_without_prompts() {
             break v;
         }
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(access["backend"], "b0");
     assert_eq!(access["model"], "sim");
@@ -369,5 +376,69 @@ fn sighup_reloads_the_config_file_and_sigterm_exits_zero() {
         exited.is_some()
     }));
     assert!(exited.unwrap().success(), "{exited:?}");
+    std::fs::remove_file(&file).ok();
+}
+
+#[test]
+#[allow(clippy::disallowed_methods)] // procfs from the test thread, not a shard
+fn serve_logs_where_each_shard_runs() {
+    use std::time::Duration;
+    let e0 = common::start_engine("epoll", radixgate::engine_sim::EngineConfig::instant("sim"));
+    let core = core_affinity::get_core_ids()
+        .and_then(|ids| ids.last().map(|c| c.id))
+        .expect("the process may run on some core");
+    let file = common::temp_file(
+        "shard-log.toml",
+        &serve_config("round_robin", &[("e0", e0.url())])
+            .replace("shards = 1\n", &format!("shards = 2\ncores = [{core}]\n")),
+    );
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let child = Spawned(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if v["message"] == "shard started" && tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("a `shard started` line per shard"),
+        );
+    }
+    seen.sort_by_key(|v| v["shard"].as_u64());
+    for (k, v) in seen.iter().enumerate() {
+        assert_eq!(v["shard"], k, "{v}");
+        assert_eq!(v["core"], core, "{v}");
+        assert_eq!(v["pinned"], true, "{v}");
+        assert_eq!(v["driver"], "epoll", "{v}");
+        assert_eq!(v["cpus_allowed"], core.to_string(), "{v}");
+        // The logged thread id is that shard's thread in the serving process, and
+        // the kernel has it pinned to the core.
+        let task = format!("/proc/{}/task/{}", child.0.id(), v["thread_id"]);
+        let comm = std::fs::read_to_string(format!("{task}/comm")).expect("the thread exists");
+        // The kernel keeps 15 bytes of a thread's name.
+        assert_eq!(comm.trim(), &format!("radixgate-shard-{k}")[..15]);
+        let status = std::fs::read_to_string(format!("{task}/status")).unwrap();
+        assert!(
+            status.contains(&format!("Cpus_allowed_list:\t{core}\n")),
+            "{status}"
+        );
+    }
+    drop(child);
     std::fs::remove_file(&file).ok();
 }

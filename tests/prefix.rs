@@ -126,7 +126,14 @@ fn documents_spread_and_stick(io: &str) {
 both_drivers!(documents_spread_and_stick);
 
 fn session_affinity(io: &str) {
-    let (_engines, gw) = fleet(io, 3, 2, "");
+    // Re-binding a session to its home within `index_touch_ms` is not replicated.
+    for (touch_ms, coalesced) in [(600_000, 4.0), (0, 0.0)] {
+        session_affinity_with(io, touch_ms, coalesced);
+    }
+}
+
+fn session_affinity_with(io: &str, touch_ms: u64, coalesced: f64) {
+    let (_engines, gw) = fleet(io, 3, 2, &format!("index_touch_ms = {touch_ms}\n"));
     let addr = gw.local_addr();
     let mut homes = HashSet::new();
     for turn in 0..5 {
@@ -146,6 +153,13 @@ fn session_affinity(io: &str) {
         wait_replicated(addr);
     }
     assert_eq!(homes.len(), 1);
+    // The prompts are shorter than a block: only session bindings were recorded.
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_index_touches_coalesced_total"),
+        Some(coalesced),
+        "index_touch_ms = {touch_ms}: {m}"
+    );
 }
 both_drivers!(session_affinity);
 
@@ -308,3 +322,39 @@ fn queued_prefill_work_steers_cold_prompts(io: &str) {
     assert_eq!(pending_prefill(&m, "e1"), 0.0, "{m}");
 }
 both_drivers!(queued_prefill_work_steers_cold_prompts);
+
+/// `routing.index_touch_ms`: a prompt the pick already holds in full, seen again within
+/// the interval, is neither recorded nor replicated, on whichever shard it arrives once
+/// that shard's replica has it; the requests still follow the prefix. With 0, every
+/// request is recorded.
+fn repeated_prompts_touch_the_index_once_per_interval(io: &str) {
+    for (touch_ms, coalesced) in [(600_000, 5.0), (0, 0.0)] {
+        let (_engines, gw) = fleet(io, 3, 2, &format!("index_touch_ms = {touch_ms}\n"));
+        let addr = gw.local_addr();
+        let first = Client::connect(addr).post("/v1/chat/completions", &doc_question(3, 0), &[]);
+        let home = first.header("x-router-backend").unwrap().to_string();
+        wait_replicated(addr);
+        // Fresh connections: spread over both shards.
+        for _ in 0..5 {
+            let r = Client::connect(addr).post("/v1/chat/completions", &doc_question(3, 0), &[]);
+            assert_eq!(r.status, 200);
+            assert_eq!(r.header("x-router-backend"), Some(home.as_str()));
+            assert_eq!(r.header("x-router-reason"), Some("longest-prefix"));
+        }
+        wait_replicated(addr);
+        let m = Client::connect(addr).get("/metrics").text();
+        assert_eq!(
+            metric(&m, "radixgate_index_touches_coalesced_total"),
+            Some(coalesced),
+            "index_touch_ms = {touch_ms}: {m}"
+        );
+        // Every copy of the index still agrees.
+        let blocks = metric(&m, "radixgate_index_blocks{copy=\"coordinator\"}");
+        assert!(blocks.unwrap_or(0.0) > 0.0, "{m}");
+        for shard in 0..2 {
+            let copy = format!("radixgate_index_blocks{{copy=\"shard-{shard}\"}}");
+            assert_eq!(metric(&m, &copy), blocks, "{m}");
+        }
+    }
+}
+both_drivers!(repeated_prompts_touch_the_index_once_per_interval);

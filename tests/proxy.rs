@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
 
 fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
@@ -269,17 +268,62 @@ fn local_endpoints(io: &str) {
 both_drivers!(local_endpoints);
 
 fn large_bodies_stream_through(io: &str) {
-    // A 1 MiB response and a 200 KiB request (past the coalescing threshold).
+    // A 1 MiB response; a 200 KiB request (sent in one write with its head) and a
+    // 600 KiB one (past the coalescing threshold: head and body sent separately).
     let payload = format!("{{\"text\":\"{}\"}}", "y".repeat(1 << 20));
     let up = json_upstream(&payload);
     let gw = start_gateway(io, 1, "", &[("b0", up.url(), "sim")]);
     let mut c = Client::connect(gw.local_addr());
-    let big = "z".repeat(200 << 10);
-    let body = chat_body(&big, false);
-    let r = c.post("/v1/chat/completions", &body, &[]);
-    assert_eq!(r.status, 200);
-    assert_eq!(r.body.len(), payload.len());
-    assert_eq!(up.seen()[0].body.len(), body.len());
-    let _ = Duration::ZERO;
+    for (i, size) in [200usize << 10, 600 << 10].into_iter().enumerate() {
+        let big: String = (0..size).map(|j| (b'a' + (j % 26) as u8) as char).collect();
+        let body = chat_body(&big, false);
+        let r = c.post("/v1/chat/completions", &body, &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.len(), payload.len());
+        assert!(
+            up.seen()[i].body == body.as_bytes(),
+            "body {i} changed on the way"
+        );
+    }
 }
 both_drivers!(large_bodies_stream_through);
+
+/// Long bodies back to back in one write, then a small request: each body is read up
+/// to its declared length and no further, so the next request starts where it should.
+fn pipelined_long_bodies(io: &str) {
+    let up = json_upstream("{}");
+    let gw = start_gateway(io, 1, "", &[("b0", up.url(), "sim")]);
+    let mut c = Client::connect(gw.local_addr());
+    let bodies: Vec<String> = (0..2)
+        .map(|i| {
+            let text: String = (0..(150usize << 10) + i * 777)
+                .map(|j| (b'a' + ((j + i) % 26) as u8) as char)
+                .collect();
+            chat_body(&text, false)
+        })
+        .collect();
+    let mut all = Vec::new();
+    for (i, body) in bodies.iter().enumerate() {
+        all.extend(post_bytes(
+            "/v1/chat/completions",
+            body,
+            &[("X-Request-Id", &format!("long{i}"))],
+        ));
+    }
+    all.extend(b"GET /health HTTP/1.1\r\nHost: t\r\nX-Request-Id: long2\r\n\r\n");
+    c.send(&all);
+    for i in 0..3 {
+        let r = c.read_response();
+        assert_eq!(r.status, 200, "response {i}");
+        assert_eq!(r.header("x-request-id"), Some(format!("long{i}").as_str()));
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for (s, body) in seen.iter().zip(&bodies) {
+        assert!(
+            s.body == body.as_bytes(),
+            "a pipelined body changed on the way"
+        );
+    }
+}
+both_drivers!(pipelined_long_bodies);

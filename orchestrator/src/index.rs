@@ -311,6 +311,47 @@ impl PrefixIndex {
         }
     }
 
+    /// When `backend` last used the whole chain `blocks`: the `last_used` of its
+    /// deepest block (never newer than its ancestors'), or `None` when it does not
+    /// hold every block of the chain (or the chain is empty).
+    pub fn last_used(&self, backend: BackendIdx, blocks: &[u64]) -> Option<u64> {
+        let b = u32::try_from(backend).ok()?;
+        let mut cur = ROOT;
+        let mut i = 0;
+        let mut deepest = None;
+        while i < blocks.len() {
+            let child = self.child(cur, blocks[i])?;
+            let edge = &self.nodes[child as usize].edge;
+            let m = common_prefix(edge, &blocks[i..]);
+            if m < edge.len() && i + m < blocks.len() {
+                return None; // the chain leaves the tree inside this edge
+            }
+            deepest = Some(child);
+            cur = child;
+            i += m;
+        }
+        // A holder holds the whole edge, and every ancestor of a block it holds.
+        Some(self.holder(deepest?, b)?.last_used)
+    }
+
+    /// Whether inserting `blocks` for `backend` at `now` would change what the index
+    /// decides by more than recency finer than `resolution`: false only when the
+    /// backend already holds the whole chain, last used less than `resolution` ago.
+    /// Skipping such an insert (everywhere: the gateway never sends it) refreshes a
+    /// hot prefix's recency at most once per `resolution`, so LRU order among blocks
+    /// used within one `resolution` of each other may differ from exact LRU; what is
+    /// held and matched does not change. `resolution = 0` makes every insert due.
+    pub fn touch_is_due(
+        &self,
+        backend: BackendIdx,
+        blocks: &[u64],
+        now: u64,
+        resolution: u64,
+    ) -> bool {
+        self.last_used(backend, blocks)
+            .is_none_or(|t| now.saturating_sub(t) >= resolution)
+    }
+
     pub fn total_blocks(&self) -> usize {
         self.total_blocks
     }

@@ -14,7 +14,7 @@
 //! body. Each is a deadline for the whole phase, not per read.
 
 use super::chunked::ChunkedDecoder;
-use super::io::{consume_front, read_append};
+use super::io::{consume_front, read_append, read_up_to};
 use super::request::{parse_request_head, RequestHead};
 use super::BodyFraming;
 use crate::error::{ErrorKind, GatewayError};
@@ -141,7 +141,6 @@ impl ClientConn {
                 ),
             ));
         }
-        consume_front(&mut self.buf, head_len);
         let body_deadline = Instant::now() + limits.body_timeout;
 
         self.body.clear();
@@ -151,7 +150,8 @@ impl ClientConn {
                 return Err(body_too_large(limits.max_body_bytes));
             }
         }
-        if self.head.expect_continue && framing != BodyFraming::Empty && self.buf.is_empty() {
+        if self.head.expect_continue && framing != BodyFraming::Empty && self.buf.len() == head_len
+        {
             let (r, _) = self
                 .stream
                 .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
@@ -159,16 +159,24 @@ impl ClientConn {
             r.map_err(|_| GatewayError::new(ErrorKind::BadHttp, "client went away"))?;
         }
         match framing {
-            BodyFraming::Empty | BodyFraming::UntilClose => {}
+            BodyFraming::Empty | BodyFraming::UntilClose => consume_front(&mut self.buf, head_len),
             BodyFraming::Length(n) => {
+                // The body's bytes that came with the head are copied from behind it
+                // (the head is dropped with them, not moved first); the rest is read
+                // straight into `body`, sized once for the declared length, so a long
+                // prompt is copied once in user space and `buf` stays small.
                 let n = n as usize;
-                while self.buf.len() < n {
-                    self.fill(limits, body_deadline, n - self.buf.len()).await?;
+                let have = (self.buf.len() - head_len).min(n);
+                self.body
+                    .extend_from_slice(&self.buf[head_len..head_len + have]);
+                consume_front(&mut self.buf, head_len + have);
+                while self.body.len() < n {
+                    let read = read_up_to(&mut self.stream, &mut self.body, n);
+                    body_read(limits, monoio::time::timeout_at(body_deadline, read).await)?;
                 }
-                self.body.extend_from_slice(&self.buf[..n]);
-                consume_front(&mut self.buf, n);
             }
             BodyFraming::Chunked => {
+                consume_front(&mut self.buf, head_len);
                 let mut decoder = ChunkedDecoder::new();
                 let max = limits.max_body_bytes as usize;
                 let mut wire_bytes = 0usize;
@@ -210,20 +218,28 @@ impl ClientConn {
             read_append(&mut self.stream, &mut self.buf, want.clamp(4096, 64 << 10)),
         )
         .await;
-        match read {
-            Ok(Ok(n)) if n > 0 => Ok(()),
-            Ok(_) => Err(GatewayError::new(
-                ErrorKind::BadHttp,
-                "connection closed mid-body",
-            )),
-            Err(_) => Err(GatewayError::new(
-                ErrorKind::RequestTimeout,
-                format!(
-                    "request body not received within {} ms (server.body_timeout_ms)",
-                    limits.body_timeout.as_millis()
-                ),
-            )),
-        }
+        body_read(limits, read)
+    }
+}
+
+/// The outcome of one timed read of body bytes.
+fn body_read<E>(
+    limits: &RequestLimits,
+    read: Result<std::io::Result<usize>, E>,
+) -> Result<(), GatewayError> {
+    match read {
+        Ok(Ok(n)) if n > 0 => Ok(()),
+        Ok(_) => Err(GatewayError::new(
+            ErrorKind::BadHttp,
+            "connection closed mid-body",
+        )),
+        Err(_) => Err(GatewayError::new(
+            ErrorKind::RequestTimeout,
+            format!(
+                "request body not received within {} ms (server.body_timeout_ms)",
+                limits.body_timeout.as_millis()
+            ),
+        )),
     }
 }
 

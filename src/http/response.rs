@@ -54,6 +54,10 @@ pub fn parse_response_head(
     head.keep_alive = resp.version == Some(1);
     head.event_stream = false;
     head.forward_headers.clear();
+    // Room for every header line at once: the lines passed on are a subset of the
+    // head (a fresh head would otherwise grow line by line, five reallocations for an
+    // engine's usual head).
+    head.forward_headers.reserve(len);
     let mut content_length = None;
     let mut chunked = false;
     let mut connection_tokens: Option<&[u8]> = None;

@@ -38,8 +38,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Bodies up to this size are sent in the same write as the request head.
-const COALESCE_BODY: usize = 64 << 10;
+/// Bodies up to this size are sent in the same write as the request head: one copy
+/// into a pooled buffer (which the shard keeps up to 1 MB) and one send, where a
+/// separate body costs a fresh buffer, the same copy and a second send.
+const COALESCE_BODY: usize = 512 << 10;
 
 /// Attempts per request are capped here whatever the config says.
 const MAX_ATTEMPTS: usize = 8;

@@ -74,6 +74,39 @@ impl Route {
     }
 }
 
+/// Records that `backend` now holds the prompt `blocks` (of which this shard's
+/// replica showed it holding `matched`): applied here and published to the
+/// coordinator, unless the backend already holds all of them and last used them
+/// less than `routing.index_touch_ms` ago. Then nothing changes but that recency,
+/// so the insert is skipped here and never sent: every replica stays the same, and
+/// a hot prompt costs the coordinator one event per interval instead of one per
+/// request. `matched` equal to the chain keeps [`Route::roll_back`] a no-op for it.
+fn record_insert(
+    shard: &Shard,
+    backend: usize,
+    blocks: &Arc<[u64]>,
+    matched: u32,
+    now_ms: u64,
+    touch_ms: u64,
+) {
+    if matched as usize == blocks.len() {
+        let index = shard.index.borrow();
+        if !index.touch_is_due(backend, blocks, now_ms, touch_ms) {
+            shard.metrics.borrow_mut().index_touches_coalesced += 1;
+            return;
+        }
+    }
+    shard.index.borrow_mut().insert(backend, blocks, now_ms);
+    publish(
+        shard,
+        IndexOp::Insert {
+            backend,
+            blocks: blocks.clone(),
+            now_ms,
+        },
+    );
+}
+
 pub(super) fn publish(shard: &Shard, op: IndexOp) {
     shard.metrics.borrow_mut().index_events_published += 1;
     let _ = shard.shared.index_events.send(IndexEvent {
@@ -276,34 +309,43 @@ pub(super) fn route(
         .copied()
         .unwrap_or_default();
     let recorded = (!blocks.is_empty()).then(|| {
-        shard
-            .index
-            .borrow_mut()
-            .insert(pick.backend, blocks, now_ms);
         let blocks: Arc<[u64]> = blocks.into();
-        publish(
+        let touch_ms = live.config.routing.index_touch_ms;
+        record_insert(
             shard,
-            IndexOp::Insert {
-                backend: pick.backend,
-                blocks: blocks.clone(),
-                now_ms,
-            },
+            pick.backend,
+            &blocks,
+            chosen.matched_blocks,
+            now_ms,
+            touch_ms,
         );
         blocks
     });
     if let Some(session) = session {
-        shard
+        // Like a prompt already held: a session already bound here, seen less than
+        // `index_touch_ms` ago, would only have its time-to-live refreshed.
+        let touch_ms = live.config.routing.index_touch_ms;
+        let fresh = shard
             .sessions
-            .borrow_mut()
-            .bind(session, pick.backend, now_ms);
-        publish(
-            shard,
-            IndexOp::BindSession {
-                session,
-                backend: pick.backend,
-                now_ms,
-            },
-        );
+            .borrow()
+            .binding(session)
+            .is_some_and(|(b, seen)| b == pick.backend && now_ms.saturating_sub(seen) < touch_ms);
+        if fresh {
+            shard.metrics.borrow_mut().index_touches_coalesced += 1;
+        } else {
+            shard
+                .sessions
+                .borrow_mut()
+                .bind(session, pick.backend, now_ms);
+            publish(
+                shard,
+                IndexOp::BindSession {
+                    session,
+                    backend: pick.backend,
+                    now_ms,
+                },
+            );
+        }
     }
     let tokens_per_block = live.config.routing.prefix_aware.tokens_per_block.max(0.0);
     let uncached_blocks = blocks.len().saturating_sub(chosen.matched_blocks as usize);

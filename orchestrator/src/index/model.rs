@@ -185,6 +185,17 @@ impl Model {
             .collect()
     }
 
+    /// The `last_used` of the chain's last block when `backend` holds every block of
+    /// the (non-empty) chain.
+    pub fn last_used(&self, backend: usize, chain: &[u64]) -> Option<u64> {
+        let be = self.backends.get(backend)?.as_ref()?;
+        let mut last = None;
+        for h in chain {
+            last = Some(be.blocks.get(h)?.0);
+        }
+        last
+    }
+
     pub fn held(&self, backend: usize) -> usize {
         match self.backends.get(backend) {
             Some(Some(be)) => be.blocks.len(),
@@ -288,6 +299,14 @@ pub fn check_against_model(max_blocks: usize, ops: &[Op]) -> PrefixIndex {
         for b in 0..model.slots() + 1 {
             assert_eq!(index.held_blocks(b), model.held(b), "held {b}, {}", ctx());
             assert!(index.held_blocks(b) <= index.capacity(b), "{}", ctx());
+            for probe in &probes {
+                assert_eq!(
+                    index.last_used(b, probe),
+                    model.last_used(b, probe),
+                    "last_used {b} {probe:?}, {}",
+                    ctx()
+                );
+            }
         }
         for probe in &probes {
             index.match_prefix(probe, &mut out);

@@ -313,3 +313,84 @@ proptest! {
         }
     }
 }
+
+// === coalesced touches (`touch_is_due`) ===
+
+#[test]
+fn a_touch_is_due_unless_the_whole_chain_was_used_recently() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3], 100);
+    assert_eq!(idx.last_used(0, &[1, 2, 3]), Some(100));
+    assert_eq!(idx.last_used(0, &[1, 2]), Some(100));
+    assert_eq!(idx.last_used(0, &[1, 2, 3, 4]), None, "not all held");
+    assert_eq!(idx.last_used(0, &[1, 9]), None, "leaves the tree");
+    assert_eq!(idx.last_used(1, &[1, 2, 3]), None, "another backend");
+    assert_eq!(idx.last_used(0, &[]), None);
+    assert!(!idx.touch_is_due(0, &[1, 2, 3], 149, 50));
+    assert!(idx.touch_is_due(0, &[1, 2, 3], 150, 50), "old enough");
+    assert!(
+        idx.touch_is_due(0, &[1, 2, 3], 100, 0),
+        "resolution 0: always"
+    );
+    assert!(idx.touch_is_due(0, &[1, 2, 3, 4], 101, 50), "new blocks");
+    assert!(idx.touch_is_due(1, &[1, 2, 3], 101, 50), "new holder");
+    // A longer chain through the same blocks refreshes them: the deepest block of the
+    // shorter chain carries the newest time.
+    idx.insert(0, &[1, 2, 3, 4], 300);
+    assert_eq!(idx.last_used(0, &[1, 2, 3]), Some(300));
+    assert_eq!(idx.last_used(0, &[1, 2, 3, 4]), Some(300));
+}
+
+/// One insert as the gateway sees it: a backend, a path and the time since the
+/// previous insert.
+fn timed_insert() -> impl Strategy<Value = (usize, Vec<u8>, u64)> {
+    (0..3usize, path(), 0..4u64)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Skipping the inserts that are not due (as the gateway does) changes only
+    /// recency, and by less than the resolution: with capacity to spare, the same
+    /// blocks are held and matched as with every insert applied, and every block's
+    /// `last_used` lags the exact one by less than `resolution`.
+    #[test]
+    fn coalesced_touches_lag_by_less_than_the_resolution(
+        resolution in 0..6u64,
+        inserts in prop::collection::vec(timed_insert(), 1..40),
+    ) {
+        let mut exact = index(usize::MAX, &[1000, 1000, 1000]);
+        let mut coalesced = exact.clone();
+        let mut now = 0;
+        let mut skipped = 0;
+        for (backend, p, dt) in &inserts {
+            now += dt;
+            let chain = chain_of(p);
+            exact.insert(*backend, &chain, now);
+            if coalesced.touch_is_due(*backend, &chain, now, resolution) {
+                coalesced.insert(*backend, &chain, now);
+            } else {
+                skipped += 1;
+            }
+            coalesced.assert_invariants();
+        }
+        if resolution == 0 {
+            prop_assert_eq!(skipped, 0);
+        }
+        let ops: Vec<Op> = inserts
+            .iter()
+            .map(|(backend, p, _)| Op::Insert { backend: *backend, chain: chain_of(p), now: 0 })
+            .collect();
+        prop_assert_eq!(exact.total_blocks(), coalesced.total_blocks());
+        for probe in model::probes(&ops) {
+            prop_assert_eq!(matched(&exact, &probe), matched(&coalesced, &probe));
+            for backend in 0..3 {
+                let (e, c) = (exact.last_used(backend, &probe), coalesced.last_used(backend, &probe));
+                prop_assert_eq!(e.is_some(), c.is_some());
+                if let (Some(e), Some(c)) = (e, c) {
+                    prop_assert!(c <= e && (e - c < resolution || e == c), "{} vs {}", e, c);
+                }
+            }
+        }
+    }
+}
