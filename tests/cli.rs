@@ -217,10 +217,15 @@ fn access_lines_answered_before_sigterm_are_all_written() {
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let child = Spawned(child);
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let started: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(started["message"], "radixgate listening", "{line}");
+    // (Shard threads log `shard started` as they start, possibly first.)
+    let started = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no start line");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if v["message"] == "radixgate listening" {
+            break v;
+        }
+    };
     let addr: std::net::SocketAddr = started["addr"].as_str().unwrap().parse().unwrap();
     // Each request's record reaches the log thread before its response goes out.
     const N: usize = 200;
