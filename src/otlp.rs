@@ -1,19 +1,32 @@
 //! The `radixgate-otlp` thread: batches the shards' spans and exports them over
-//! OTLP/HTTP with the JSON encoding.
+//! OTLP/HTTP with the protobuf encoding (`application/x-protobuf`, the default that
+//! every collector accepts).
 //!
-//! Lean on purpose: the OpenTelemetry SDK's OTLP exporters bring a tokio runtime and
-//! an async HTTP client (reqwest or tonic/hyper) into a gateway that runs on monoio,
-//! for one POST per batch. This thread writes that POST with std sockets instead, so
-//! nothing of it runs on the shards. Spans wait at most `traces.export_interval_ms`
-//! (or until [`MAX_BATCH`] are ready); a batch that cannot be delivered is dropped
-//! and counted, never retried (tracing must not grow memory while a collector is
-//! down). Backend, model and tenant names are resolved here from the backend table,
-//! which the coordinator sends before any shard routes with it.
+//! The request is the official `opentelemetry-proto` crate's
+//! `ExportTraceServiceRequest`, encoded by prost; the crate is used for its message
+//! types only (no tonic). The OpenTelemetry SDK's OTLP exporters are not used: they
+//! bring a tokio runtime and an async HTTP client (reqwest, or tonic and hyper) into
+//! a gateway that runs on monoio, for one POST per batch. This thread writes that
+//! POST with std sockets instead, so nothing of it runs on the shards. Spans wait at
+//! most `traces.export_interval_ms` (or until [`MAX_BATCH`] are ready); a batch that
+//! cannot be delivered is dropped and counted, never retried (tracing must not grow
+//! memory while a collector is down). Backend, model and tenant names are resolved
+//! here from the backend table, which the coordinator sends before any shard routes
+//! with it.
 
 use crate::backends::LiveConfig;
 use crate::config::TracesConfig;
 use crate::trace::{SpanKind, SpanRecord};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{
+    any_value::Value, AnyValue, InstrumentationScope, KeyValue,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind as OtlpKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,16 +124,25 @@ pub fn run(
     }
 }
 
-/// The OTLP/JSON `ExportTraceServiceRequest` for `spans` (ids as lowercase hex,
-/// times and 64-bit integers as decimal strings, per the OTLP JSON mapping).
-/// Written straight into bytes: building a `serde_json::Value` tree cost ~55k
-/// instructions per span (callgrind), this a small fraction of that.
+/// The OTLP/HTTP protobuf body (`ExportTraceServiceRequest`) for `spans`.
 pub fn encode(
     spans: &[SpanRecord],
     service_name: &str,
     live: &LiveConfig,
     tenants: &[String],
 ) -> Vec<u8> {
+    request(spans, service_name, live, tenants).encode_to_vec()
+}
+
+/// `spans` as one resource (`service.name`) with one instrumentation scope
+/// (`radixgate` and its version); names of backends, models and tenants resolved
+/// from `live` and `tenants`.
+fn request(
+    spans: &[SpanRecord],
+    service_name: &str,
+    live: &LiveConfig,
+    tenants: &[String],
+) -> ExportTraceServiceRequest {
     // Spans carry monotonic instants; map them onto the wall clock once per batch.
     let (now_mono, now_wall) = (Instant::now(), SystemTime::now());
     let wall_ns = now_wall
@@ -131,132 +153,119 @@ pub fn encode(
         wall_ns.saturating_sub(back)
     };
     let table = &live.backends;
-    let mut out = Vec::with_capacity(256 + spans.len() * 640);
-    out.extend_from_slice(br#"{"resourceSpans":[{"resource":{"attributes":["#);
-    attr_str(&mut out, "service.name", service_name);
-    out.extend_from_slice(br#"]},"scopeSpans":[{"scope":{"name":"radixgate","version":"#);
-    json_str(&mut out, env!("CARGO_PKG_VERSION"));
-    out.extend_from_slice(br#"},"spans":["#);
-    for (i, s) in spans.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(br#"{"traceId":""#);
-        crate::trace::push_hex(&mut out, s.trace_id, 32);
-        out.extend_from_slice(br#"","spanId":""#);
-        crate::trace::push_hex(&mut out, s.span_id as u128, 16);
-        out.push(b'"');
-        if s.parent_id != 0 {
-            out.extend_from_slice(br#","parentSpanId":""#);
-            crate::trace::push_hex(&mut out, s.parent_id as u128, 16);
-            out.push(b'"');
-        }
-        out.extend_from_slice(br#","name":"#);
-        json_str(&mut out, s.kind.name());
-        out.extend_from_slice(br#","kind":"#);
-        out.extend_from_slice(itoa::Buffer::new().format(s.kind.otlp()).as_bytes());
-        out.extend_from_slice(br#","startTimeUnixNano":"#);
-        int_str(&mut out, unix_ns(s.start));
-        out.extend_from_slice(br#","endTimeUnixNano":"#);
-        int_str(&mut out, unix_ns(s.end));
-        out.extend_from_slice(br#","attributes":["#);
-        attr_int(&mut out, "radixgate.shard", s.shard as u64);
-        if let Some(b) = s.backend {
-            attr_str(&mut out, "radixgate.backend", table.id(b));
-        }
-        if let Some(m) = s.model {
-            attr_str(&mut out, "gen_ai.request.model", table.models().name(m));
-        }
-        if let Some(t) = s.tenant.and_then(|t| tenants.get(t)) {
-            attr_str(&mut out, "radixgate.tenant", t);
-        }
-        if !s.policy.is_empty() {
-            attr_str(&mut out, "radixgate.policy", s.policy);
-        }
-        if !s.reason.is_empty() {
-            attr_str(&mut out, "radixgate.reason", s.reason);
-        }
-        if s.status != 0 {
-            attr_int(&mut out, "http.response.status_code", s.status as u64);
-        }
-        match s.kind {
-            SpanKind::Request => {
-                attr_int(&mut out, "radixgate.retries", s.attempt as u64);
-                attr_int(
-                    &mut out,
-                    "radixgate.matched_blocks",
-                    s.matched_blocks as u64,
-                );
-                if let Some(id) = &s.id {
-                    attr_str(&mut out, "radixgate.request_id", id.as_str());
+    let spans = spans
+        .iter()
+        .map(|s| {
+            let mut attrs = Vec::with_capacity(8);
+            attrs.push(int("radixgate.shard", s.shard as u64));
+            if let Some(b) = s.backend {
+                attrs.push(string("radixgate.backend", table.id(b)));
+            }
+            if let Some(m) = s.model {
+                attrs.push(string("gen_ai.request.model", table.models().name(m)));
+            }
+            if let Some(t) = s.tenant.and_then(|t| tenants.get(t)) {
+                attrs.push(string("radixgate.tenant", t));
+            }
+            if !s.policy.is_empty() {
+                attrs.push(string("radixgate.policy", s.policy));
+            }
+            if !s.reason.is_empty() {
+                attrs.push(string("radixgate.reason", s.reason));
+            }
+            if s.status != 0 {
+                attrs.push(int("http.response.status_code", s.status as u64));
+            }
+            match s.kind {
+                SpanKind::Request => {
+                    attrs.push(int("radixgate.retries", s.attempt as u64));
+                    attrs.push(int("radixgate.matched_blocks", s.matched_blocks as u64));
+                    if let Some(id) = &s.id {
+                        attrs.push(string("radixgate.request_id", id.as_str()));
+                    }
+                }
+                SpanKind::Route => {
+                    attrs.push(int("radixgate.attempt", s.attempt as u64));
+                    attrs.push(int("radixgate.matched_blocks", s.matched_blocks as u64));
+                }
+                SpanKind::Attempt => attrs.push(int("radixgate.attempt", s.attempt as u64)),
+                SpanKind::PrefillLeg => attrs.push(string("radixgate.role", "prefill")),
+                SpanKind::DecodeLeg => attrs.push(string("radixgate.role", "decode")),
+                SpanKind::Node => {
+                    if let Some(id) = &s.id {
+                        attrs.push(string("radixgate.workflow.node", id.as_str()));
+                    }
                 }
             }
-            SpanKind::Route => {
-                attr_int(&mut out, "radixgate.attempt", s.attempt as u64);
-                attr_int(
-                    &mut out,
-                    "radixgate.matched_blocks",
-                    s.matched_blocks as u64,
-                );
+            Span {
+                trace_id: s.trace_id.to_be_bytes().to_vec(),
+                span_id: s.span_id.to_be_bytes().to_vec(),
+                // Empty for a root span.
+                parent_span_id: if s.parent_id != 0 {
+                    s.parent_id.to_be_bytes().to_vec()
+                } else {
+                    Vec::new()
+                },
+                name: s.kind.name().into(),
+                kind: kind(s.kind) as i32,
+                start_time_unix_nano: unix_ns(s.start),
+                end_time_unix_nano: unix_ns(s.end),
+                attributes: attrs,
+                // ERROR for 5xx answers (the gateway's or a backend's); else unset.
+                status: (s.status >= 500).then(|| Status {
+                    code: StatusCode::Error as i32,
+                    message: s.reason.into(),
+                }),
+                ..Span::default()
             }
-            SpanKind::Attempt => attr_int(&mut out, "radixgate.attempt", s.attempt as u64),
-            SpanKind::PrefillLeg => attr_str(&mut out, "radixgate.role", "prefill"),
-            SpanKind::DecodeLeg => attr_str(&mut out, "radixgate.role", "decode"),
-            SpanKind::Node => {
-                if let Some(id) = &s.id {
-                    attr_str(&mut out, "radixgate.workflow.node", id.as_str());
-                }
-            }
-        }
-        out.extend_from_slice(b"],");
-        // ERROR for 5xx answers (the gateway's or a backend's); else unset.
-        if s.status >= 500 {
-            out.extend_from_slice(br#""status":{"code":2,"message":"#);
-            json_str(&mut out, s.reason);
-            out.extend_from_slice(b"}}");
-        } else {
-            out.extend_from_slice(br#""status":{}}"#);
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![string("service.name", service_name)],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: "radixgate".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    ..InstrumentationScope::default()
+                }),
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+/// The OTLP kind of each span: the request is the server side of the client's call,
+/// a routing decision is internal, the rest are calls to engines.
+fn kind(k: SpanKind) -> OtlpKind {
+    match k {
+        SpanKind::Request => OtlpKind::Server,
+        SpanKind::Route => OtlpKind::Internal,
+        SpanKind::Attempt | SpanKind::PrefillLeg | SpanKind::DecodeLeg | SpanKind::Node => {
+            OtlpKind::Client
         }
     }
-    out.extend_from_slice(b"]}]}]}");
-    out
 }
 
-/// `s` as a JSON string (quoted and escaped by serde_json).
-fn json_str(out: &mut Vec<u8>, s: &str) {
-    // Writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
+fn string(key: &str, v: &str) -> KeyValue {
+    attr(key, Value::StringValue(v.into()))
 }
 
-/// A 64-bit integer as OTLP JSON writes it: a decimal string.
-fn int_str(out: &mut Vec<u8>, v: u64) {
-    out.push(b'"');
-    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-    out.push(b'"');
+fn int(key: &str, v: u64) -> KeyValue {
+    attr(key, Value::IntValue(v as i64))
 }
 
-/// Appends one attribute, after a comma unless it opens the list.
-fn attr_key(out: &mut Vec<u8>, key: &str) {
-    if out.last() != Some(&b'[') {
-        out.push(b',');
+fn attr(key: &str, value: Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..KeyValue::default()
     }
-    out.extend_from_slice(br#"{"key":"#);
-    json_str(out, key);
-    out.extend_from_slice(br#","value":{"#);
-}
-
-fn attr_str(out: &mut Vec<u8>, key: &str, v: &str) {
-    attr_key(out, key);
-    out.extend_from_slice(br#""stringValue":"#);
-    json_str(out, v);
-    out.extend_from_slice(b"}}");
-}
-
-fn attr_int(out: &mut Vec<u8>, key: &str, v: u64) {
-    attr_key(out, key);
-    out.extend_from_slice(br#""intValue":"#);
-    int_str(out, v);
-    out.extend_from_slice(b"}}");
 }
 
 /// One `POST` of `body`; `Ok` on a 2xx answer.
@@ -277,7 +286,7 @@ fn post(config: &TracesConfig, body: &[u8]) -> Result<(), String> {
         .and_then(|()| stream.set_write_timeout(Some(IO_TIMEOUT)))
         .map_err(|e| e.to_string())?;
     let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         config.path,
         config.authority,
         body.len()
@@ -302,21 +311,24 @@ fn post(config: &TracesConfig, body: &[u8]) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::access_log::InlineId;
+    use std::time::SystemTime;
 
-    #[test]
-    fn encodes_otlp_json_with_escaping() {
+    fn live() -> Arc<LiveConfig> {
         let config = crate::Config::from_toml(
             "[server]\nlisten = \"127.0.0.1:0\"\n[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
         )
         .unwrap();
-        let live = LiveConfig::initial(&config);
+        LiveConfig::initial(&config)
+    }
+
+    fn span(kind: SpanKind, parent_id: u64, status: u16) -> SpanRecord {
         let now = Instant::now();
-        let span = |kind, parent_id, status| SpanRecord {
+        SpanRecord {
             kind,
-            trace_id: 0xabc,
-            span_id: 0x12,
+            trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736,
+            span_id: 0x00f0_67aa_0ba9_02b7,
             parent_id,
-            start: now,
+            start: now - Duration::from_millis(3),
             end: now,
             shard: 1,
             backend: Some(0),
@@ -328,75 +340,147 @@ mod tests {
             attempt: 2,
             matched_blocks: 7,
             id: Some(InlineId::new("req-1")),
-        };
+        }
+    }
+
+    /// The attribute `key` of `span`, if present.
+    fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
+        span.attributes
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.as_ref()?.value.as_ref())
+    }
+
+    fn decode(body: &[u8]) -> (Vec<KeyValue>, InstrumentationScope, Vec<Span>) {
+        let mut req = ExportTraceServiceRequest::decode(body).expect("valid protobuf");
+        assert_eq!(req.resource_spans.len(), 1);
+        let mut rs = req.resource_spans.remove(0);
+        assert_eq!(rs.scope_spans.len(), 1);
+        let ss = rs.scope_spans.remove(0);
+        (rs.resource.unwrap().attributes, ss.scope.unwrap(), ss.spans)
+    }
+
+    #[test]
+    fn encodes_ids_times_kinds_status_and_attributes_as_protobuf() {
         let node = SpanRecord {
             id: Some(InlineId::new("summarise")),
             ..span(SpanKind::Node, 0x34, 200)
         };
-        let spans = [
+        let records = [
             span(SpanKind::Request, 0, 502),
+            span(SpanKind::Route, 0x34, 0),
             span(SpanKind::Attempt, 0x34, 200),
             span(SpanKind::PrefillLeg, 0x34, 503),
+            span(SpanKind::DecodeLeg, 0x34, 200),
             node,
         ];
-        let body = encode(&spans, "svc", &live, &["a \"quoted\" tenant".into()]);
-        let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
-        let rs = &v["resourceSpans"][0];
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let body = encode(&records, "svc", &live(), &["tenant \"a\"".into()]);
+        let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let (resource, scope, spans) = decode(&body);
+        assert_eq!(resource, vec![string("service.name", "svc")]);
         assert_eq!(
-            rs["resource"]["attributes"][0]["value"]["stringValue"],
-            "svc"
+            (scope.name.as_str(), scope.version.as_str()),
+            ("radixgate", env!("CARGO_PKG_VERSION"))
         );
-        let out = rs["scopeSpans"][0]["spans"].as_array().unwrap();
-        assert_eq!(out.len(), 4);
-        let (request, attempt) = (&out[0], &out[1]);
-        assert_eq!(request["traceId"], "00000000000000000000000000000abc");
-        assert_eq!(request["spanId"], "0000000000000012");
-        assert!(request.get("parentSpanId").is_none());
-        assert_eq!(attempt["parentSpanId"], "0000000000000034");
+        assert_eq!(spans.len(), records.len());
+
+        // Ids: big-endian bytes of the W3C hex ids; a root has no parent.
+        let request = &spans[0];
         assert_eq!(
-            (request["kind"].as_u64(), attempt["kind"].as_u64()),
-            (Some(2), Some(3))
+            request.trace_id,
+            [
+                0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e,
+                0x47, 0x36
+            ]
         );
-        assert_eq!(request["status"]["code"], 2);
-        assert_eq!(attempt["status"], serde_json::json!({}));
-        assert_eq!(request["startTimeUnixNano"], request["endTimeUnixNano"]);
-        let attrs = request["attributes"].as_array().unwrap();
-        let get = |k: &str| {
-            attrs
-                .iter()
-                .find(|a| a["key"] == k)
-                .map(|a| a["value"].clone())
-                .unwrap_or_else(|| panic!("no {k}"))
+        assert_eq!(
+            request.span_id,
+            [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
+        );
+        assert!(request.parent_span_id.is_empty());
+        assert_eq!(spans[2].parent_span_id, 0x34u64.to_be_bytes());
+
+        // Times: the monotonic instants on the wall clock, 3 ms apart.
+        for s in &spans {
+            let (start, end) = (s.start_time_unix_nano, s.end_time_unix_nano);
+            assert_eq!(end - start, 3_000_000, "{s:?}");
+            assert!(start >= before.as_nanos() as u64 - 3_000_000 - 1_000_000_000);
+            assert!(end <= after.as_nanos() as u64);
+        }
+
+        // Names and kinds.
+        let named: Vec<(&str, OtlpKind)> =
+            spans.iter().map(|s| (s.name.as_str(), s.kind())).collect();
+        assert_eq!(
+            named,
+            [
+                ("request", OtlpKind::Server),
+                ("route", OtlpKind::Internal),
+                ("upstream attempt", OtlpKind::Client),
+                ("prefill leg", OtlpKind::Client),
+                ("decode leg", OtlpKind::Client),
+                ("workflow node", OtlpKind::Client),
+            ]
+        );
+
+        // Status: ERROR with the reason for 5xx, else unset.
+        let error = Some(Status {
+            code: StatusCode::Error as i32,
+            message: "upstream_error".into(),
+        });
+        let statuses: Vec<_> = spans.iter().map(|s| s.status.clone()).collect();
+        assert_eq!(statuses, [error.clone(), None, None, error, None, None]);
+
+        // Attributes, typed: names resolved, numbers as integers.
+        let s = |v: &str| Some(Value::StringValue(v.into()));
+        let i = |v: i64| Some(Value::IntValue(v));
+        let get = |span: &Span, k: &str| attr(span, k).cloned();
+        assert_eq!(get(request, "radixgate.backend"), s("b0"));
+        assert_eq!(get(request, "gen_ai.request.model"), s("m"));
+        assert_eq!(get(request, "radixgate.tenant"), s("tenant \"a\""));
+        assert_eq!(get(request, "radixgate.policy"), s("prefix_aware"));
+        assert_eq!(get(request, "radixgate.reason"), s("upstream_error"));
+        assert_eq!(get(request, "radixgate.shard"), i(1));
+        assert_eq!(get(request, "http.response.status_code"), i(502));
+        assert_eq!(get(request, "radixgate.retries"), i(2));
+        assert_eq!(get(request, "radixgate.matched_blocks"), i(7));
+        assert_eq!(get(request, "radixgate.request_id"), s("req-1"));
+        let route = &spans[1];
+        assert_eq!(get(route, "radixgate.attempt"), i(2));
+        assert_eq!(get(route, "radixgate.matched_blocks"), i(7));
+        assert_eq!(get(route, "http.response.status_code"), None);
+        assert_eq!(get(&spans[2], "radixgate.attempt"), i(2));
+        assert_eq!(get(&spans[2], "radixgate.request_id"), None);
+        assert_eq!(get(&spans[3], "radixgate.role"), s("prefill"));
+        assert_eq!(get(&spans[4], "radixgate.role"), s("decode"));
+        assert_eq!(get(&spans[5], "radixgate.workflow.node"), s("summarise"));
+        assert_eq!(get(&spans[5], "radixgate.request_id"), None);
+    }
+
+    #[test]
+    fn leaves_out_what_a_span_does_not_have() {
+        let bare = SpanRecord {
+            backend: None,
+            model: None,
+            // Out of the tenant table (it is never, but must not panic).
+            tenant: Some(5),
+            status: 0,
+            reason: "",
+            policy: "",
+            id: None,
+            ..span(SpanKind::Request, 0, 0)
         };
+        let (_, _, spans) = decode(&encode(&[bare], "svc", &live(), &[]));
+        let keys: Vec<&str> = spans[0].attributes.iter().map(|a| a.key.as_str()).collect();
         assert_eq!(
-            get("radixgate.tenant")["stringValue"],
-            "a \"quoted\" tenant"
+            keys,
+            [
+                "radixgate.shard",
+                "radixgate.retries",
+                "radixgate.matched_blocks"
+            ]
         );
-        assert_eq!(get("radixgate.backend")["stringValue"], "b0");
-        assert_eq!(get("gen_ai.request.model")["stringValue"], "m");
-        assert_eq!(get("http.response.status_code")["intValue"], "502");
-        assert_eq!(get("radixgate.request_id")["stringValue"], "req-1");
-        assert_eq!(get("radixgate.retries")["intValue"], "2");
-        let attr = |span: &serde_json::Value, k: &str| {
-            span["attributes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|a| a["key"] == k)
-                .map(|a| a["value"]["stringValue"].clone())
-        };
-        let (leg, node) = (&out[2], &out[3]);
-        assert_eq!(
-            (&leg["name"], &leg["kind"]),
-            (&"prefill leg".into(), &3.into())
-        );
-        assert_eq!(attr(leg, "radixgate.role"), Some("prefill".into()));
-        assert_eq!(leg["status"]["code"], 2);
-        assert_eq!(node["name"], "workflow node");
-        assert_eq!(
-            attr(node, "radixgate.workflow.node"),
-            Some("summarise".into())
-        );
-        assert_eq!(attr(node, "radixgate.request_id"), None);
+        assert_eq!(spans[0].status, None);
     }
 }

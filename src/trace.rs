@@ -46,15 +46,6 @@ impl SpanKind {
             SpanKind::Node => "workflow node",
         }
     }
-
-    /// The OTLP `Span.SpanKind` value.
-    pub fn otlp(self) -> u8 {
-        match self {
-            SpanKind::Request => 2,
-            SpanKind::Route => 1,
-            SpanKind::Attempt | SpanKind::PrefillLeg | SpanKind::DecodeLeg | SpanKind::Node => 3,
-        }
-    }
 }
 
 /// One finished span, as the shard saw it. Names are resolved on the exporter thread.

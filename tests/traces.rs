@@ -1,5 +1,5 @@
 //! Traces: W3C `traceparent` in, the gateway's own spans exported over OTLP/HTTP
-//! (JSON) to a receiver on loopback, and the attempt span sent upstream as the
+//! (protobuf, decoded with opentelemetry-proto) to a receiver on loopback, and the attempt span sent upstream as the
 //! engine's parent. Checks the spans' parentage, a retried request's two attempts,
 //! an unsampled client trace, a trace the gateway starts itself, a split request's
 //! prefill and decode legs (both protocols) and a workflow's nodes. Both I/O drivers.
@@ -7,17 +7,23 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value::Value as AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A minimal OTLP/HTTP receiver: every POSTed body, parsed as JSON.
+/// A minimal OTLP/HTTP receiver: every POSTed body, decoded from protobuf.
 struct Collector {
     addr: SocketAddr,
     bodies: Arc<Mutex<Vec<Value>>>,
+    /// The `Content-Type` of each POST.
+    content_types: Arc<Mutex<Vec<String>>>,
 }
 
 impl Collector {
@@ -25,7 +31,8 @@ impl Collector {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let bodies = Arc::new(Mutex::new(Vec::new()));
-        let b = bodies.clone();
+        let content_types = Arc::new(Mutex::new(Vec::new()));
+        let (b, ct) = (bodies.clone(), content_types.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
@@ -42,28 +49,41 @@ impl Collector {
                     }
                 }
                 assert!(head.starts_with("POST /v1/traces HTTP/1.1\r\n"), "{head}");
-                assert!(head.contains("Content-Type: application/json"), "{head}");
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Content-Length: "))
-                    .and_then(|v| v.trim().parse().ok())
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(|v| v.trim().to_string())
+                };
+                let len: usize = header("Content-Length: ")
+                    .and_then(|v| v.parse().ok())
                     .expect("Content-Length");
                 let mut body = vec![0; len];
                 reader.read_exact(&mut body).unwrap();
-                b.lock()
+                let request = ExportTraceServiceRequest::decode(&body[..]).expect("OTLP protobuf");
+                ct.lock()
                     .unwrap()
-                    .push(serde_json::from_slice(&body).unwrap());
+                    .push(header("Content-Type: ").unwrap_or_default());
+                b.lock().unwrap().push(otlp_json(&request));
                 let _ = reader.get_mut().write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                 );
             }
         });
-        Collector { addr, bodies }
+        Collector {
+            addr,
+            bodies,
+            content_types,
+        }
     }
 
     /// Every exported span, flattened.
     fn spans(&self) -> Vec<Value> {
         let bodies = self.bodies.lock().unwrap();
+        let types = self.content_types.lock().unwrap();
+        assert!(
+            types.iter().all(|t| t == "application/x-protobuf"),
+            "{types:?}"
+        );
         let mut out = Vec::new();
         for b in bodies.iter() {
             for rs in b["resourceSpans"].as_array().unwrap() {
@@ -71,12 +91,77 @@ impl Collector {
                 assert_eq!(service["key"], "service.name");
                 assert_eq!(service["value"]["stringValue"], "gw-under-test");
                 for ss in rs["scopeSpans"].as_array().unwrap() {
+                    assert_eq!(ss["scope"]["name"], "radixgate");
                     out.extend(ss["spans"].as_array().unwrap().iter().cloned());
                 }
             }
         }
         out
     }
+}
+
+/// A decoded request in the shape of the OTLP/JSON mapping (ids in hex, 64-bit
+/// integers as decimal strings, absent fields left out), which the checks read.
+fn otlp_json(request: &ExportTraceServiceRequest) -> Value {
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    fn attributes(kvs: &[KeyValue]) -> Value {
+        kvs.iter()
+            .map(|kv| {
+                let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(AnyValue::StringValue(s)) => json!({ "stringValue": s }),
+                    Some(AnyValue::IntValue(i)) => json!({ "intValue": i.to_string() }),
+                    other => panic!("{}: unexpected value {other:?}", kv.key),
+                };
+                json!({ "key": kv.key, "value": value })
+            })
+            .collect()
+    }
+    let span = |s: &Span| {
+        let mut v = json!({
+            "traceId": hex(&s.trace_id),
+            "spanId": hex(&s.span_id),
+            "name": s.name,
+            "kind": s.kind,
+            "startTimeUnixNano": s.start_time_unix_nano.to_string(),
+            "endTimeUnixNano": s.end_time_unix_nano.to_string(),
+            "attributes": attributes(&s.attributes),
+            "status": s.status.as_ref().map_or(json!({}), |st| json!({
+                "code": st.code,
+                "message": st.message,
+            })),
+        });
+        assert_eq!((s.trace_id.len(), s.span_id.len()), (16, 8), "{s:?}");
+        if !s.parent_span_id.is_empty() {
+            assert_eq!(s.parent_span_id.len(), 8, "{s:?}");
+            v["parentSpanId"] = hex(&s.parent_span_id).into();
+        }
+        v
+    };
+    let resource_spans: Vec<Value> = request
+        .resource_spans
+        .iter()
+        .map(|rs| {
+            let scope_spans: Vec<Value> = rs
+                .scope_spans
+                .iter()
+                .map(|ss| {
+                    json!({
+                        "scope": { "name": ss.scope.as_ref().map(|s| s.name.clone()) },
+                        "spans": ss.spans.iter().map(span).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            json!({
+                "resource": {
+                    "attributes": attributes(&rs.resource.as_ref().unwrap().attributes),
+                },
+                "scopeSpans": scope_spans,
+            })
+        })
+        .collect();
+    json!({ "resourceSpans": resource_spans })
 }
 
 fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
@@ -195,6 +280,9 @@ fn exports_spans_with_parentage(io: &str) {
         let request = request[0];
         assert_eq!(request["kind"], 2);
         assert_eq!(request["parentSpanId"], client_span);
+        assert_eq!(request["status"], json!({}));
+        assert_eq!(attr_int(request, "radixgate.shard"), 0);
+        assert_eq!(attr_str(request, "radixgate.policy"), "round_robin");
         assert_eq!(attr_int(request, "http.response.status_code"), 200);
         assert_eq!(attr_str(request, "radixgate.backend"), "ok");
         assert_eq!(attr_str(request, "gen_ai.request.model"), "sim");
@@ -215,6 +303,9 @@ fn exports_spans_with_parentage(io: &str) {
             assert!(nanos(s, "endTimeUnixNano") <= nanos(request, "endTimeUnixNano"));
             assert!(nanos(s, "startTimeUnixNano") <= nanos(s, "endTimeUnixNano"));
         }
+        for r in &routes {
+            assert_eq!(r["kind"], 1, "a routing decision is INTERNAL");
+        }
         for a in &attempts {
             assert_eq!(a["kind"], 3);
             // The engine saw exactly this attempt as its parent.
@@ -231,8 +322,12 @@ fn exports_spans_with_parentage(io: &str) {
                 "failing" => {
                     assert_eq!(status, 503);
                     assert_eq!(a["status"]["code"], 2, "a 503 attempt is an error");
+                    assert_eq!(a["status"]["message"], attr_str(a, "radixgate.reason"));
                 }
-                "ok" => assert_eq!(status, 200),
+                "ok" => {
+                    assert_eq!(status, 200);
+                    assert_eq!(a["status"], json!({}));
+                }
                 other => panic!("attempt on {other}"),
             }
         }
@@ -419,7 +514,7 @@ fn split_legs_are_spans(io: &str, protocol: &str) {
         assert_eq!(attr_str(leg, "radixgate.role"), role);
         assert_eq!(attr_str(leg, "radixgate.backend"), backend);
         assert_eq!(attr_int(leg, "http.response.status_code"), 200);
-        assert_eq!(leg["status"], serde_json::json!({}));
+        assert_eq!(leg["status"], json!({}));
         // The engine saw exactly its own leg's span as parent.
         assert_eq!(
             parents_seen(engine, trace),
