@@ -28,6 +28,7 @@ pub mod observe;
 pub mod open_conns;
 pub mod openai;
 pub mod otlp;
+pub mod pending_prefill;
 pub mod pool;
 pub mod proxy;
 pub mod rag;

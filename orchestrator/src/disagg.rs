@@ -292,6 +292,7 @@ mod tests {
             prefill_ns_per_token: 0,
             session_home: false,
             pending_prefill_tokens: 0,
+            prefill_progress_ns: 0,
             uncached_media_tokens: 0,
         }];
         // 15 blocks = 240 tokens < 256: local.
@@ -312,6 +313,7 @@ mod tests {
             prefill_ns_per_token: 0,
             session_home: false,
             pending_prefill_tokens: 0,
+            prefill_progress_ns: 0,
             uncached_media_tokens: 0,
         }];
         assert_eq!(
@@ -327,6 +329,7 @@ mod tests {
                 prefill_ns_per_token: 0,
                 session_home: false,
                 pending_prefill_tokens: 0,
+                prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
             },
             Candidate {
@@ -337,6 +340,7 @@ mod tests {
                 prefill_ns_per_token: 0,
                 session_home: false,
                 pending_prefill_tokens: 0,
+                prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
             },
         ];
