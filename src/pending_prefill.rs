@@ -17,8 +17,10 @@
 //!
 //! The credit can only over-state the progress when the engine also spends that time
 //! on work the gateway does not count as pending (decode steps of streamed requests
-//! past their first byte, other clients): it is capped at the pending work, and the
-//! engine's scraped queue and `queue_ns_per_request` charge the rest.
+//! past their first byte, other clients), which the engine's scraped queue and
+//! `queue_ns_per_request` charge, or when the engine prefills slower than the learned
+//! cost says; progress that reaches the whole pending work is that case, and the cost
+//! model then drops the credit (`prefix_aware`'s module docs).
 //!
 //! Layout: one padded slot per shard and backend slot, written only by its shard (no
 //! locked instruction), read by any. The fleet-wide clock is the earliest "became

@@ -196,14 +196,24 @@ fn progress_on_the_queued_prefill_is_credited() {
     // The prompt's own prefill (10 blocks × 16 tokens × 20 µs) is never credited.
     assert_eq!(p.est_ttft_ns(&started, 10), 25.0 * MS + 3.2 * MS);
     assert_eq!(p.queue_ns(&started), 25.0 * MS);
-    // Progress beyond the queued work (a stale or slow count) leaves nothing queued,
-    // never a negative wait.
+    // Progress that reaches the queued work: the engine is slower than its prefill
+    // cost says (it would have answered), so the credit is dropped, never turned
+    // into an idle backend or a negative wait.
+    let over = Candidate {
+        prefill_progress_ns: 40_000_000,
+        ..queued
+    };
+    assert_eq!(p.pending_prefill_ns(&over), 40.0 * MS);
     let over = Candidate {
         prefill_progress_ns: 90_000_000,
         ..queued
     };
-    assert_eq!(p.pending_prefill_ns(&over), 0.0);
-    assert_eq!(p.est_ttft_ns(&over, 10), 3.2 * MS);
+    assert_eq!(p.est_ttft_ns(&over, 10), 40.0 * MS + 3.2 * MS);
+    let nearly = Candidate {
+        prefill_progress_ns: 39_000_000,
+        ..queued
+    };
+    assert_eq!(p.pending_prefill_ns(&nearly), 1.0 * MS);
     // Progress with nothing queued means nothing.
     let idle = Candidate {
         prefill_progress_ns: 5_000_000,
