@@ -6,9 +6,10 @@
 //!   (equal quotas, Poisson), for `SECONDS` simulated seconds. Per-tenant buckets (the
 //!   gateway's) against one shared bucket holding both quotas: the share of the polite
 //!   tenant's requests that get in, and what it gets with no greedy neighbour at all.
-//!   Two polite tenants: one that keeps within its quota (evenly spaced requests), and
-//!   one that sends Poisson at its quota on average — its own bursts go over its
-//!   one-second bucket, so it loses some requests alone just as beside the greedy one.
+//!   Two polite tenants: one that keeps within its quota (evenly spaced, a little
+//!   under it), and one that sends Poisson at its quota on average — its own bursts go
+//!   over its one-second bucket, so it loses some requests alone just as beside the
+//!   greedy one.
 //! - **slo**: Poisson arrivals at a rising share of the fleet's prefill capacity, each
 //!   with a prompt of 500–3000 tokens and a TTFT budget; each backend prefills one
 //!   request at a time, FIFO (decode is not modelled: TTFT is queueing + prefill).
@@ -28,10 +29,10 @@ fn exp(rng: &mut fastrand::Rng, rate: f64) -> f64 {
     -(1.0 - rng.f64()).ln() / rate
 }
 
-/// How the polite tenant sends, at `quota` requests a second on average.
+/// How the polite tenant sends, at about `quota` requests a second.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Polite {
-    /// Evenly spaced: never more than its quota in any window.
+    /// Evenly spaced, gaps of 1–1.1 × 1/quota: never more than its quota in any window.
     Paced,
     /// Poisson: its bursts go over its quota now and then.
     Poisson,
@@ -45,10 +46,13 @@ pub fn fairness(seed: u64, quota: f64, polite: Polite) -> (f64, f64, f64) {
     let mut arrivals = Vec::new();
     for (is_polite, rate) in [(true, quota), (false, 10.0 * quota)] {
         let mut t = 0.0;
-        for k in 1u32.. {
+        loop {
             let ms = if is_polite && polite == Polite::Paced {
-                // The k-th request on the first whole millisecond its quota allows.
-                (f64::from(k) * 1000.0 / rate).ceil()
+                // Gaps of 1 to 1.1 times 1/quota, on whole milliseconds rounded up:
+                // never faster than its quota. (Exactly 1/quota would phase-lock with
+                // a shared bucket's refills and decide that column by the seed.)
+                t += (1.0 + 0.1 * rng.f64()) / rate;
+                (t * 1000.0).ceil()
             } else {
                 t += exp(&mut rng, rate);
                 (t * 1000.0).floor()
@@ -203,7 +207,7 @@ pub fn report(seed: u64, backends: usize) -> String {
         "| polite tenant sends | served: per-tenant buckets (radixgate) | served: one shared bucket (40/s) | served: per tenant, greedy tenant absent |\n|---|---|---|---|"
     );
     for (shape, name) in [
-        (Polite::Paced, "evenly, within its quota"),
+        (Polite::Paced, "evenly, within its quota (gaps 50–55 ms)"),
         (Polite::Poisson, "Poisson (bursts over its quota)"),
     ] {
         let (separate, shared, alone) = fairness(seed, 20.0, shape);
