@@ -29,6 +29,7 @@ pub mod observe;
 pub mod open_conns;
 pub mod openai;
 pub mod otlp;
+pub mod pending_prefill;
 pub mod placement;
 pub mod pool;
 pub mod proxy;

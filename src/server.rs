@@ -413,7 +413,7 @@ async fn scrape(shard: &Shard) -> String {
         .map(|b| shared.in_flight.total(b))
         .collect();
     let pending_prefill_tokens: Vec<u32> = (0..table.len())
-        .map(|b| shared.pending_prefill_tokens.total(b))
+        .map(|b| shared.pending_prefill.tokens(b))
         .collect();
     let tenant_tiers: Vec<String> = shared.tenants.iter().map(|t| t.tier.clone()).collect();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())

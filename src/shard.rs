@@ -17,6 +17,7 @@ use crate::fleet::{FleetSnapshot, InFlight};
 use crate::metrics::ShardMetrics;
 use crate::open_conns::OpenConnections;
 use crate::openai::BodyParser;
+use crate::pending_prefill::PendingPrefill;
 use crate::pool::UpstreamPool;
 use crate::proxy::queue::EdgeQueue;
 use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
@@ -42,9 +43,10 @@ pub struct Shared {
     /// Per shard and backend slot, sized for [`MAX_BACKEND_SLOTS`].
     pub in_flight: InFlight,
     /// Predicted uncached prompt tokens of the requests in flight that have no first
-    /// response byte yet: the prefill work queued at each engine on the gateway's
-    /// account (`prefix_aware`'s and SLO admission's queue estimate). Same layout.
-    pub pending_prefill_tokens: InFlight,
+    /// response byte yet, and the engine's progress on them: the prefill work queued
+    /// at each engine on the gateway's account (`prefix_aware`'s and SLO admission's
+    /// queue estimate). Same layout.
+    pub pending_prefill: PendingPrefill,
     pub shard_commands: Vec<flume::Sender<ShardCommand>>,
     /// Shard → coordinator index events (crossbeam: lock-free send).
     pub index_events: crossbeam_channel::Sender<IndexEvent>,
@@ -104,6 +106,7 @@ impl Shared {
                 }
             })
             .collect();
+        let epoch = Instant::now();
         Shared {
             kv_events: (0..config.backends.len())
                 .map(|_| Default::default())
@@ -118,10 +121,14 @@ impl Shared {
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch,
             placements: crate::placement::Placements::new(config.server.shards.get()),
             in_flight: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
-            pending_prefill_tokens: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
+            pending_prefill: PendingPrefill::new(
+                config.server.shards.get(),
+                MAX_BACKEND_SLOTS,
+                epoch,
+            ),
             shard_commands,
             config,
         }

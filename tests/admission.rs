@@ -236,3 +236,53 @@ fn saturated_fleet_queues_at_the_edge(io: &str) {
     );
 }
 both_drivers!(saturated_fleet_queues_at_the_edge);
+
+/// The estimated TTFT a `slo_unattainable` refusal reports, in ms.
+fn refused_estimate_ms(r: &Response) -> f64 {
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.error_param_code().1, "slo_unattainable");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    let (_, rest) = message.split_once('(').unwrap();
+    let (ms, _) = rest.split_once(" ms)").unwrap();
+    ms.parse().unwrap()
+}
+
+/// A request behind a long prefill is charged only what is left of it: the time the
+/// engine has been working on the backend's pending prefill is credited.
+#[allow(clippy::disallowed_methods)] // reason: the test thread waits; no shard runs on it
+fn progress_on_a_queued_prefill_is_credited(io: &str) {
+    let engine = engine(io);
+    let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    // 200 KB: 3200 blocks × 16 tokens × 20 µs ≈ 1024 ms estimated; the engine takes
+    // about as long before its first byte.
+    let mut long = Client::connect(addr);
+    long.send(&post_bytes(
+        "/v1/chat/completions",
+        &long_body("delta", 200, false, 1),
+        &[],
+    ));
+    assert!(eventually(Duration::from_secs(3), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(
+            &m,
+            "radixgate_backend_pending_prefill_tokens{backend=\"e0\"}",
+        )
+        .is_some_and(|t| t > 0.0)
+    }));
+    // The gateway sent it by now: from here on the engine has been prefilling it.
+    let sent_by = std::time::Instant::now();
+    let tight = [("X-SLO-TTFT-Ms", "1")];
+    let early = refused_estimate_ms(&post(addr, &chat_body("early", false), &tight));
+    assert!(early > 300.0, "the queued prefill still counts: {early} ms");
+    std::thread::sleep(Duration::from_millis(600).saturating_sub(sent_by.elapsed()));
+    // At least 600 ms of it are done: at most ~424 ms (+ a request ahead and this
+    // prompt) are left. Charged its whole prompt it was over 1000 ms.
+    let later = refused_estimate_ms(&post(addr, &chat_body("later", false), &tight));
+    assert!(later < 440.0, "{later} ms (early: {early} ms)");
+    // So a budget the fleet can now meet is admitted.
+    let r = post(addr, &chat_body("fits", false), &[("X-SLO-TTFT-Ms", "800")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(long.read_response().status, 200);
+}
+both_drivers!(progress_on_a_queued_prefill_is_credited);

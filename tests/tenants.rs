@@ -204,3 +204,70 @@ fn cache_salt_goes_upstream(io: &str) {
     assert_ne!(salts[0], salts[1]);
 }
 both_drivers!(cache_salt_goes_upstream);
+
+/// A tenant that keeps within its quota is served in full while a neighbour floods
+/// the gateway at many times its own (`radixgate-bench sim --edge` in simulated time).
+fn a_greedy_neighbour_takes_nothing_from_a_polite_tenant(io: &str) {
+    let engine = start_engine(io, EngineConfig::instant("sim"));
+    let toml = format!(
+        "[auth]\nrequired = true\n[[tenants]]\nname = \"polite\"\nkeys = [\"{}\"]\nrequests_per_sec = 10\n[[tenants]]\nname = \"greedy\"\nkeys = [\"{}\"]\nrequests_per_sec = 10\n",
+        hash_key("sk-polite"),
+        hash_key("sk-greedy")
+    );
+    let gw = start_gateway(io, 2, &toml, &[("e0", engine.url(), "sim")]);
+    let addr = gw.local_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut sent, mut throttled) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = post(
+                    addr,
+                    Some("sk-greedy"),
+                    &chat_body(&format!("g{sent}"), false),
+                );
+                sent += 1;
+                throttled += u32::from(r.status == 429);
+            }
+            (sent, throttled)
+        })
+    };
+    // Ten requests a second for 1.5 s, on a fixed schedule: never more than its
+    // quota allows, however late a send runs.
+    let start = std::time::Instant::now();
+    let statuses: Vec<u16> = (0..15u32)
+        .map(|k| {
+            pause(
+                (start + Duration::from_millis(100) * k)
+                    .saturating_duration_since(std::time::Instant::now()),
+            );
+            post(addr, Some("sk-polite"), &chat_body(&format!("p{k}"), false)).status
+        })
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, throttled) = flood.join().unwrap();
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert!(
+        throttled > 0 && sent > 30,
+        "the neighbour was over its quota: {sent} sent, {throttled} throttled"
+    );
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_tenant_throttled_total{tenant=\"polite\",limit=\"requests\"}"
+        ),
+        None,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_tenant_throttled_total{tenant=\"greedy\",limit=\"requests\"}"
+        ),
+        Some(f64::from(throttled)),
+        "{m}"
+    );
+}
+both_drivers!(a_greedy_neighbour_takes_nothing_from_a_polite_tenant);

@@ -14,12 +14,20 @@
 //! `http_request` ([`http`]), `json_body` ([`json`]) and `prompt_hash` ([`prompt`])
 //! drive the gateway's request head and chunked-body path, its JSON body parser, and
 //! the orchestrator's prompt rendering and hashing.
+//!
+//! On stable, [`stable`] runs any target on seeded random inputs or replays saved ones
+//! ([`replay`]); the committed corpora are replayed by this crate's tests and by the
+//! root workspace's `tests/fuzz_corpus.rs`, which includes the check modules and
+//! [`replay`] by path, so `cargo test --workspace` (CI) catches a regression on any
+//! saved input without nightly or libFuzzer.
 
 use radixgate_orchestrator::{IndexConfig, PrefixIndex, PrefixMatch};
 
 mod http;
 mod json;
 mod prompt;
+pub mod replay;
+pub mod stable;
 
 pub use http::http_request;
 pub use json::json_body;
@@ -136,6 +144,20 @@ mod tests {
         http_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
         json_body(br#"{"model":"m","messages":[{"role":"user","content":"hi there, a long enough prompt"}]}"#);
         json_body(br#"{"model":"sim","prompt":[1,2,3,99999999999999999999999]}"#);
+    }
+
+    /// The committed corpora (the root workspace's `tests/fuzz_corpus.rs` replays them
+    /// in CI too).
+    #[test]
+    fn committed_corpora_pass() {
+        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        for (name, check) in [
+            ("http_request", http_request as fn(&[u8])),
+            ("json_body", json_body),
+            ("prompt_hash", prompt_hash),
+        ] {
+            assert!(replay::replay(&corpus.join(name), check) > 0, "{name}");
+        }
     }
 
     #[test]

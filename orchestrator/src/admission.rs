@@ -171,6 +171,13 @@ mod tests {
             ..warm
         };
         assert_eq!(estimate(&[cold, queued], 10).best_ns, 3.2e6);
+        // Its head request is 1.5 ms into that prefill: 0.5 ms of it is left, plus
+        // 2.5 ms for the request ahead; the warm one is best again.
+        let started = Candidate {
+            prefill_progress_ns: 1_500_000,
+            ..queued
+        };
+        assert_eq!(estimate(&[cold, started], 10).best_ns, 3.0e6);
         assert!(!e.all_saturated);
         let full = Candidate::new(2, 4);
         let e = estimate(&[full], 0);

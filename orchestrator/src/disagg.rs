@@ -292,6 +292,7 @@ mod tests {
             prefill_ns_per_token: 0,
             session_home: false,
             pending_prefill_tokens: 0,
+            prefill_progress_ns: 0,
             uncached_media_tokens: 0,
             cache_free_blocks: None,
         }];
@@ -313,6 +314,7 @@ mod tests {
             prefill_ns_per_token: 0,
             session_home: false,
             pending_prefill_tokens: 0,
+            prefill_progress_ns: 0,
             uncached_media_tokens: 0,
             cache_free_blocks: None,
         }];
@@ -329,6 +331,7 @@ mod tests {
                 prefill_ns_per_token: 0,
                 session_home: false,
                 pending_prefill_tokens: 0,
+                prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
             },
@@ -340,6 +343,7 @@ mod tests {
                 prefill_ns_per_token: 0,
                 session_home: false,
                 pending_prefill_tokens: 0,
+                prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
             },

@@ -107,11 +107,11 @@ pub async fn call(
         backend,
         started,
         first_byte: None,
-        pending_prefill: Some(InFlightGuard::add(
-            &shard.shared.pending_prefill_tokens,
+        pending_prefill: Some(shard.shared.pending_prefill.enter(
             shard.id,
             backend,
             route.uncached_tokens,
+            std::time::Instant::now(),
         )),
         usage: UsageScanner::default(),
         status: 0,

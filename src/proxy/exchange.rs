@@ -10,7 +10,6 @@
 
 use super::route::Route;
 use crate::error::{ErrorKind, GatewayError};
-use crate::fleet::InFlightGuard;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::io::read_append;
 use crate::http::response::{parse_response_head, ResponseHead};
@@ -163,7 +162,7 @@ pub(super) struct Exchange<'s> {
     pub first_byte: Option<Instant>,
     /// The attempt's predicted prefill in the backend's pending-prefill count, released
     /// at the first response byte (or when the attempt ends without one).
-    pub pending_prefill: Option<InFlightGuard<'s>>,
+    pub pending_prefill: Option<crate::pending_prefill::PendingGuard<'s>>,
     pub usage: UsageScanner,
     pub status: u16,
     /// With `may_retry`, statuses from this one up are retried (500; a decode leg

@@ -496,11 +496,11 @@ async fn attempt_all(
             backend,
             started,
             first_byte: None,
-            pending_prefill: Some(InFlightGuard::add(
-                &shared.pending_prefill_tokens,
+            pending_prefill: Some(shared.pending_prefill.enter(
                 shard.id,
                 backend,
                 route.uncached_tokens,
+                std::time::Instant::now(),
             )),
             usage: UsageScanner::default(),
             status: 0,

@@ -177,6 +177,7 @@ pub(super) fn fill_candidates(
         return Err(unsupported_media(live.backends.models().name(model), needs));
     }
     let prefill_ns = shard.prefill_ns.borrow();
+    let now = std::time::Instant::now();
     let probes = shard.probes.borrow();
     let probe_limit = live.config.breaker.half_open_probes;
     let mut candidates = shard.candidates.borrow_mut();
@@ -201,7 +202,8 @@ pub(super) fn fill_candidates(
                 in_flight: shared.in_flight.total(b),
                 matched_blocks,
                 engine_waiting: fleet.engine_waiting(b),
-                pending_prefill_tokens: shared.pending_prefill_tokens.total(b),
+                pending_prefill_tokens: shared.pending_prefill.tokens(b),
+                prefill_progress_ns: shared.pending_prefill.progress_ns(b, now),
                 prefill_ns_per_token: prefill_ns[b],
                 session_home: session_home == Some(b),
                 uncached_media_tokens: media.uncached_tokens(matched_blocks),

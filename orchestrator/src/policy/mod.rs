@@ -44,6 +44,13 @@ pub struct Candidate {
     /// prefix index predicted when it was routed (0 when not tracked). The prefill work
     /// queued ahead of a new request.
     pub pending_prefill_tokens: u32,
+    /// How long the engine has been working through that pending prefill, in ns: the
+    /// time since the later of the moment this backend's pending prefill last became
+    /// non-empty and its last first response byte (0 when nothing is pending or not
+    /// tracked). With a FIFO prefill queue this is exactly how far the request now
+    /// being prefilled has got, so the estimate credits it against
+    /// `pending_prefill_tokens` ([`prefix_aware`]).
+    pub prefill_progress_ns: u64,
     /// The request's `X-Session-ID` is bound to this backend.
     pub session_home: bool,
     /// Prompt tokens of the request's images and audio this backend would still have

@@ -10,8 +10,9 @@
 //!
 //! ```text
 //! load        = max(in_flight, engine_waiting)
+//! queued      = prefill_ns_per_token * pending_prefill_tokens
 //! est_ttft_ns = queue_ns_per_request * load
-//!             + prefill_ns_per_token * pending_prefill_tokens
+//!             + queued - (prefill_progress_ns if it is below queued, else 0)
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
 //!             + prefill_ns_per_token * uncached_media_tokens
 //! ```
@@ -24,7 +25,17 @@
 //!
 //! The second term is the queue as the engine sees it: what the requests ahead still
 //! have to prefill, so a backend whose queue holds cache hits is cheap and one whose
-//! queue holds cold documents is not, at equal counts. The first is what a request
+//! queue holds cold documents is not, at equal counts. The request at the head of that
+//! queue is already part-way through its prefill: `prefill_progress_ns` (the time since
+//! the later of the queue last becoming non-empty and the backend's last first byte) is
+//! what the engine has done of the queued work since, and is credited. Under a FIFO
+//! prefill it is exact; without the credit the estimate charged the head request its
+//! whole prompt and SLO admission refused up to a fifth of the requests that would
+//! have met their budget (`radixgate-bench sim --edge`). Progress that reaches the
+//! queued work means the prefill cost is under-estimated for this engine (had it been
+//! right, the queue would have answered by now): what is left is then unknown, and the
+//! credit is dropped rather than trusted (the queue counts whole again, never as idle
+//! while it still has not answered). The first is what a request
 //! ahead costs beyond its prefill (decode steps sharing the batch). The last,
 //! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
 //! charged to candidates whose match does not reach them ([`crate::media`]).
@@ -222,8 +233,25 @@ impl PrefixAware {
     /// terms of the estimate. This is what "least loaded" compares when the prompt's
     /// match is too short to matter.
     pub fn queue_ns(&self, candidate: &Candidate) -> f64 {
-        self.queue_ns_per_request * load(candidate) as f64
-            + self.prefill_ns_per_token(candidate) * f64::from(candidate.pending_prefill_tokens)
+        self.queue_ns_per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate)
+    }
+
+    /// The prefill still to do on this backend before a new request's, in ns: the
+    /// pending tokens at its prefill cost, less the progress made on them while that
+    /// progress is short of them (the module docs say why it is dropped beyond).
+    pub fn pending_prefill_ns(&self, candidate: &Candidate) -> f64 {
+        if candidate.pending_prefill_tokens == 0 {
+            // Also keeps an infinite per-token cost from turning into NaN.
+            return 0.0;
+        }
+        let queued =
+            self.prefill_ns_per_token(candidate) * f64::from(candidate.pending_prefill_tokens);
+        let progress = candidate.prefill_progress_ns as f64;
+        if progress < queued {
+            queued - progress
+        } else {
+            queued
+        }
     }
 
     fn prefill_ns_per_token(&self, candidate: &Candidate) -> f64 {

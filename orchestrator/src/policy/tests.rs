@@ -101,6 +101,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             engine_waiting: 0,
             prefill_ns_per_token: 0,
             pending_prefill_tokens: 0,
+            prefill_progress_ns: 0,
             session_home: false,
             uncached_media_tokens: 0,
             cache_free_blocks: None,

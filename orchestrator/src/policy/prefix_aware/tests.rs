@@ -180,6 +180,67 @@ fn queued_prefill_work_moves_a_cold_prompt() {
 }
 
 #[test]
+fn progress_on_the_queued_prefill_is_credited() {
+    let p = defaults();
+    // 2000 tokens queued at 20 µs = 40 ms; the head request has prefilled for 15 ms.
+    let queued = Candidate {
+        pending_prefill_tokens: 2000,
+        ..c(0, 0, 0)
+    };
+    let started = Candidate {
+        prefill_progress_ns: 15_000_000,
+        ..queued
+    };
+    assert_eq!(p.pending_prefill_ns(&queued), 40.0 * MS);
+    assert_eq!(p.pending_prefill_ns(&started), 25.0 * MS);
+    // The prompt's own prefill (10 blocks × 16 tokens × 20 µs) is never credited.
+    assert_eq!(p.est_ttft_ns(&started, 10), 25.0 * MS + 3.2 * MS);
+    assert_eq!(p.queue_ns(&started), 25.0 * MS);
+    // Progress that reaches the queued work: the engine is slower than its prefill
+    // cost says (it would have answered), so the credit is dropped, never turned
+    // into an idle backend or a negative wait.
+    let over = Candidate {
+        prefill_progress_ns: 40_000_000,
+        ..queued
+    };
+    assert_eq!(p.pending_prefill_ns(&over), 40.0 * MS);
+    let over = Candidate {
+        prefill_progress_ns: 90_000_000,
+        ..queued
+    };
+    assert_eq!(p.est_ttft_ns(&over, 10), 40.0 * MS + 3.2 * MS);
+    let nearly = Candidate {
+        prefill_progress_ns: 39_000_000,
+        ..queued
+    };
+    assert_eq!(p.pending_prefill_ns(&nearly), 1.0 * MS);
+    // Progress with nothing queued means nothing.
+    let idle = Candidate {
+        prefill_progress_ns: 5_000_000,
+        ..c(0, 0, 0)
+    };
+    assert_eq!(p.est_ttft_ns(&idle, 10), 3.2 * MS);
+}
+
+#[test]
+fn progress_moves_a_cold_prompt_to_the_queue_nearly_done() {
+    let mut p = defaults();
+    // Equal queued tokens (1000 = 20 ms each); backend 1's head has run 18 ms of it.
+    let cands = [
+        Candidate {
+            pending_prefill_tokens: 1000,
+            ..c(0, 1, 0)
+        },
+        Candidate {
+            pending_prefill_tokens: 1000,
+            prefill_progress_ns: 18_000_000,
+            ..c(1, 1, 0)
+        },
+    ];
+    assert_eq!(pick(&mut p, &cands, 10), picked(1, Reason::NoMatch));
+}
+
+#[test]
 fn no_match_goes_to_the_least_loaded() {
     let mut p = defaults();
     let cands = [c(0, 4, 0), c(1, 1, 0), c(2, 3, 0)];
