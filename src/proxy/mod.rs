@@ -78,21 +78,28 @@ pub async fn forward(
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
     let tenant = authenticate(shard, head)?;
-    // A RAG request becomes a plain chat body first (crate::rag).
-    let normalised = match endpoint {
-        Endpoint::ChatCompletions => crate::rag::normalise(body, &shared.config.routing.rag_field)?,
-        Endpoint::Completions => None,
-    };
-    let (body, chunks) = match &normalised {
-        Some(n) => (&n.body[..], &n.chunk_ids[..]),
-        None => (body, &[][..]),
-    };
     let isolated = shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
         (true, Some(t)) => shared.tenants[t].seed,
         _ => 0,
     };
-    let (facts, prompt_tokens) = parse_prompt(shard, endpoint, body, seed_mix)?;
+    // A RAG request (a chat body with the member `routing.rag_field`, noticed by the
+    // one parse) becomes a plain chat body first (crate::rag), which is parsed in turn.
+    let rag_field = &*shared.config.routing.rag_field;
+    let stop_at = (endpoint == Endpoint::ChatCompletions).then_some(rag_field);
+    let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, stop_at)?;
+    let normalised = match parsed {
+        Some(_) => None,
+        None => crate::rag::normalise(body, rag_field)?,
+    };
+    let (body, chunks) = match &normalised {
+        Some(n) => (&n.body[..], &n.chunk_ids[..]),
+        None => (body, &[][..]),
+    };
+    let (facts, prompt_tokens) = match parsed {
+        Some(parsed) => parsed,
+        None => parse_prompt(shard, endpoint, body, seed_mix)?,
+    };
     if isolated && tenant.is_some() && facts.has_cache_salt {
         return Err(GatewayError::invalid_param(
             "cache_salt",
@@ -222,12 +229,29 @@ pub(crate) fn parse_prompt(
     body: &[u8],
     seed_mix: u64,
 ) -> Result<(RequestFacts, u64), GatewayError> {
+    let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, None)?;
+    Ok(parsed.expect("no member to stop at"))
+}
+
+/// [`parse_prompt`], or `Ok(None)` for a body whose top-level object has the member
+/// `stop_at` (nothing hashed: [`crate::openai::BodyParser::parse_unless_member`]).
+fn parse_prompt_unless_member(
+    shard: &Shard,
+    endpoint: Endpoint,
+    body: &[u8],
+    seed_mix: u64,
+    stop_at: Option<&str>,
+) -> Result<Option<(RequestFacts, u64)>, GatewayError> {
     let shared = &shard.shared;
     let mut parser = shard.parser.borrow_mut();
     let mut hasher = shard.hasher.borrow_mut();
     let fleet = shard.fleet.borrow().clone();
     let models = fleet.live.backends.models();
-    let mut facts = parser.parse(endpoint, body, models, &mut hasher, seed_mix)?;
+    let parsed =
+        parser.parse_unless_member(endpoint, body, models, &mut hasher, seed_mix, stop_at)?;
+    let Some(mut facts) = parsed else {
+        return Ok(None);
+    };
     match &shard.tokens {
         // Token mode: the token-id blocks replace the byte blocks (and the
         // affinity key); the prompt's size is known exactly.
@@ -251,14 +275,14 @@ pub(crate) fn parse_prompt(
             facts.media.first_block =
                 (before_media / routing.bytes_per_token / routing.prefix_aware.tokens_per_block)
                     as u32;
-            Ok((facts, tokens.tokens() as u64))
+            Ok(Some((facts, tokens.tokens() as u64)))
         }
         None => {
             let bytes = hasher.bytes_fed() as f64;
-            Ok((
+            Ok(Some((
                 facts,
                 (bytes / shared.config.routing.bytes_per_token) as u64,
-            ))
+            )))
         }
     }
 }
