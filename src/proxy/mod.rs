@@ -14,6 +14,7 @@ mod disagg;
 mod exchange;
 pub mod queue;
 mod route;
+mod wire;
 
 use crate::access_log::{AccessRecord, InlineId};
 use crate::config::Hashing;
@@ -37,11 +38,6 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
-
-/// Bodies up to this size are sent in the same write as the request head: one copy
-/// into a pooled buffer (which the shard keeps up to 1 MB) and one send, where a
-/// separate body costs a fresh buffer, the same copy and a second send.
-const COALESCE_BODY: usize = 512 << 10;
 
 /// Attempts per request are capped here whatever the config says.
 const MAX_ATTEMPTS: usize = 8;
@@ -71,12 +67,13 @@ pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     head: &RequestHead,
-    body: &[u8],
+    client_body: &Rc<Vec<u8>>,
     endpoint: Endpoint,
     request_id: &str,
     started: Instant,
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
+    let body: &[u8] = client_body;
     let tenant = authenticate(shard, head)?;
     let isolated = shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
@@ -90,12 +87,13 @@ pub async fn forward(
     let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, stop_at)?;
     let normalised = match parsed {
         Some(_) => None,
-        None => crate::rag::normalise(body, rag_field)?,
+        None => crate::rag::normalise(body, rag_field)?.map(|n| (Rc::new(n.body), n.chunk_ids)),
     };
-    let (body, chunks) = match &normalised {
-        Some(n) => (&n.body[..], &n.chunk_ids[..]),
-        None => (body, &[][..]),
+    let (body_shared, chunks) = match &normalised {
+        Some((body, chunks)) => (body, &chunks[..]),
+        None => (client_body, &[][..]),
     };
+    let body: &[u8] = body_shared;
     let (facts, prompt_tokens) = match parsed {
         Some(parsed) => parsed,
         None => parse_prompt(shard, endpoint, body, seed_mix)?,
@@ -182,10 +180,10 @@ pub async fn forward(
     let salted;
     let upstream_body = match (isolated, tenant) {
         (true, Some(t)) => {
-            salted = with_cache_salt(body, shared.tenants[t].seed);
-            &salted[..]
+            salted = Rc::new(with_cache_salt(body, shared.tenants[t].seed));
+            &salted
         }
-        _ => body,
+        _ => body_shared,
     };
     let request = Request {
         head,
@@ -429,7 +427,7 @@ async fn attempt_all(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    body: &[u8],
+    body: &Rc<Vec<u8>>,
 ) -> Result<(bool, Usage), GatewayError> {
     let shared = &shard.shared;
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
@@ -511,10 +509,6 @@ async fn attempt_all(
             request_id,
             crate::trace::id_of(attempt_span),
         );
-        let split_body = body.len() > COALESCE_BODY;
-        if !split_body {
-            request.extend_from_slice(body);
-        }
         let mut exchange = Exchange {
             shard,
             backend,
@@ -535,7 +529,7 @@ async fn attempt_all(
             .run(
                 client,
                 request,
-                split_body.then_some(body),
+                Some(body),
                 &route,
                 head.keep_alive,
                 request_id,
