@@ -533,11 +533,12 @@ mod tests {
         // Only a top-level member counts, not the name in a value or a nested object.
         let nested = r#"{"model":"sim","messages":[{"role":"user","content":"\"rag\"","rag":1}]}"#;
         assert!(parse(nested, Some("rag")).unwrap().is_some());
-        assert!(
-            parse(r#"{"model":"sim","messages":[],"ragged":1}"#, Some("rag"))
-                .unwrap()
-                .is_some()
-        );
+        assert!(parse(
+            r#"{"model":"sim","messages":[{"role":"user","content":"x"}],"ragged":1}"#,
+            Some("rag")
+        )
+        .unwrap()
+        .is_some());
         // Malformed JSON is still an error, member or not.
         assert!(parse(r#"{"rag":{}"#, Some("rag")).is_err());
     }
