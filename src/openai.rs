@@ -104,6 +104,23 @@ impl BodyParser {
         hasher: &mut PromptHasher,
         seed_mix: u64,
     ) -> Result<RequestFacts, GatewayError> {
+        let parsed = self.parse_unless_member(endpoint, body, models, hasher, seed_mix, None)?;
+        Ok(parsed.expect("no member to stop at"))
+    }
+
+    /// [`Self::parse`], except that a body whose top-level object has the member
+    /// `stop_at` is answered `Ok(None)` as soon as it is parsed, before anything is
+    /// checked or hashed: the RAG detection (`routing.rag_field`) rides on this one
+    /// parse instead of scanning every body for the name first.
+    pub fn parse_unless_member(
+        &mut self,
+        endpoint: Endpoint,
+        body: &[u8],
+        models: &ModelTable,
+        hasher: &mut PromptHasher,
+        seed_mix: u64,
+        stop_at: Option<&str>,
+    ) -> Result<Option<RequestFacts>, GatewayError> {
         if nesting_exceeds(body, MAX_JSON_DEPTH) {
             return Err(GatewayError::new(
                 ErrorKind::MalformedJson,
@@ -122,7 +139,7 @@ impl BodyParser {
                 "the request body must be a JSON object",
             ));
         }
-        let [model, stream, max_tokens, max_completion_tokens, user, stream_options, cache_salt, tools, messages, prompt] =
+        let [model, stream, max_tokens, max_completion_tokens, user, stream_options, cache_salt, tools, messages, prompt, stop] =
             pick(
                 &value,
                 [
@@ -136,8 +153,12 @@ impl BodyParser {
                     "tools",
                     "messages",
                     "prompt",
+                    stop_at.unwrap_or_default(),
                 ],
             );
+        if stop_at.is_some() && stop.is_some() {
+            return Ok(None);
+        }
         let model_name = match model {
             None => return Err(GatewayError::invalid_param("model", "`model` is required")),
             Some(v) => v
@@ -189,7 +210,7 @@ impl BodyParser {
                 MediaNeeds::TEXT_ONLY
             }
         };
-        Ok(RequestFacts {
+        Ok(Some(RequestFacts {
             model,
             stream,
             max_tokens,
@@ -197,7 +218,7 @@ impl BodyParser {
             has_cache_salt: salt.is_some(),
             affinity_key: hasher.affinity_key(),
             media,
-        })
+        }))
     }
 }
 
@@ -495,6 +516,31 @@ mod tests {
 
     fn param_of(endpoint: Endpoint, body: &str) -> Option<String> {
         parse(endpoint, body).unwrap_err().param
+    }
+
+    #[test]
+    fn stops_at_a_top_level_member_before_checking_anything() {
+        let models = ModelTable::new(vec!["sim".into()]);
+        let mut hasher = PromptHasher::new(NonZeroUsize::new(64).unwrap());
+        let mut parse = |body: &str, stop_at| {
+            let chat = Endpoint::ChatCompletions;
+            BodyParser.parse_unless_member(chat, body.as_bytes(), &models, &mut hasher, 0, stop_at)
+        };
+        let rag = r#"{"model":"nope","rag":{"chunks":["a"],"query":"q"}}"#;
+        assert!(parse(rag, Some("rag")).unwrap().is_none());
+        // Without a member to stop at, the same body is checked as usual.
+        assert_eq!(parse(rag, None).unwrap_err().kind, ErrorKind::ModelNotFound);
+        // Only a top-level member counts, not the name in a value or a nested object.
+        let nested = r#"{"model":"sim","messages":[{"role":"user","content":"\"rag\"","rag":1}]}"#;
+        assert!(parse(nested, Some("rag")).unwrap().is_some());
+        assert!(parse(
+            r#"{"model":"sim","messages":[{"role":"user","content":"x"}],"ragged":1}"#,
+            Some("rag")
+        )
+        .unwrap()
+        .is_some());
+        // Malformed JSON is still an error, member or not.
+        assert!(parse(r#"{"rag":{}"#, Some("rag")).is_err());
     }
 
     #[test]

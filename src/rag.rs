@@ -5,9 +5,10 @@
 //! The chunks are de-duplicated and ordered by the orchestrator
 //! ([`radixgate_orchestrator::rag`]) and become one system message after the system
 //! text; the query becomes the user message. The request then routes like any chat
-//! request, plus chunk affinity on the chunk ids returned here. Bodies without the
-//! field pass through untouched (one SIMD substring scan for the quoted name; a body
-//! whose text holds the quoted name costs one extra parse).
+//! request, plus chunk affinity on the chunk ids returned here. The gateway calls
+//! [`normalise`] only for a body whose one routing parse saw the member at the top
+//! level (`BodyParser::parse_unless_member`); bodies without it pass through untouched
+//! at no extra cost. [`normalise`] itself still checks for the quoted name first.
 
 use crate::error::{ErrorKind, GatewayError};
 use radixgate_orchestrator::rag::{canonical_chunks, render_context};

@@ -144,28 +144,10 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
     let method = conn.head.method();
     let result = match (conn.head.route_path(), method) {
         ("/v1/chat/completions", Method::Post) => {
-            proxy::forward(
-                shard,
-                &mut conn.stream,
-                &conn.head,
-                &conn.body,
-                Endpoint::ChatCompletions,
-                &request_id,
-                started,
-            )
-            .await
+            forward(shard, conn, Endpoint::ChatCompletions, &request_id, started).await
         }
         ("/v1/completions", Method::Post) => {
-            proxy::forward(
-                shard,
-                &mut conn.stream,
-                &conn.head,
-                &conn.body,
-                Endpoint::Completions,
-                &request_id,
-                started,
-            )
-            .await
+            forward(shard, conn, Endpoint::Completions, &request_id, started).await
         }
         ("/v1/workflows", Method::Post) => {
             crate::workflow::serve(shard, &mut conn.stream, &conn.head, &conn.body, &request_id)
@@ -265,6 +247,31 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
     };
     conn.head.request_id = request_id;
     outcome
+}
+
+/// Forwards a model request. The body buffer is lent to the proxy as an `Rc` for the
+/// request's life, so that it goes upstream without a copy (`proxy::wire`), and then
+/// comes back to the connection for the next request.
+async fn forward(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn,
+    endpoint: Endpoint,
+    request_id: &str,
+    started: Instant,
+) -> Result<bool, GatewayError> {
+    let body = Rc::new(std::mem::take(&mut conn.body));
+    let result = proxy::forward(
+        shard,
+        &mut conn.stream,
+        &conn.head,
+        &body,
+        endpoint,
+        request_id,
+        started,
+    )
+    .await;
+    conn.body = Rc::try_unwrap(body).unwrap_or_default();
+    result
 }
 
 fn method_not_allowed(allowed: &str) -> GatewayError {

@@ -268,8 +268,8 @@ fn local_endpoints(io: &str) {
 both_drivers!(local_endpoints);
 
 fn large_bodies_stream_through(io: &str) {
-    // A 1 MiB response; a 200 KiB request (sent in one write with its head) and a
-    // 600 KiB one (past the coalescing threshold: head and body sent separately).
+    // A 1 MiB response; a 200 KiB and a 600 KiB request (each sent with its head in one
+    // vectored write, from the buffer it was read into).
     let payload = format!("{{\"text\":\"{}\"}}", "y".repeat(1 << 20));
     let up = json_upstream(&payload);
     let gw = start_gateway(io, 1, "", &[("b0", up.url(), "sim")]);
@@ -327,3 +327,49 @@ fn pipelined_long_bodies(io: &str) {
     }
 }
 both_drivers!(pipelined_long_bodies);
+
+/// A long body survives a failed attempt: it is sent from the buffer it was read into,
+/// and the backend tried next receives it byte for byte, as did the one that failed.
+fn long_body_survives_a_retry(io: &str) {
+    let bad = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+    ]));
+    let good = json_upstream("{}");
+    let gw = start_gateway(
+        io,
+        1,
+        "[routing]\npolicy = \"round_robin\"\n[breaker]\nfailure_threshold = 1000000\n[health]\ninterval_ms = 60000",
+        &[("bad", bad.url(), "sim"), ("good", good.url(), "sim")],
+    );
+    let mut c = Client::connect(gw.local_addr());
+    let bodies: Vec<String> = (0..4)
+        .map(|i| {
+            let text: String = (0..(150usize << 10) + i * 333)
+                .map(|j| (b'a' + ((j + i) % 26) as u8) as char)
+                .collect();
+            chat_body(&text, false)
+        })
+        .collect();
+    for (i, body) in bodies.iter().enumerate() {
+        let r = c.post("/v1/chat/completions", body, &[]);
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-router-backend"), Some("good"));
+    }
+    let seen = good.seen();
+    assert_eq!(seen.len(), bodies.len());
+    for (s, body) in seen.iter().zip(&bodies) {
+        assert!(s.body == body.as_bytes(), "a body changed on the way");
+    }
+    let failed = bad.seen();
+    assert!(
+        !failed.is_empty(),
+        "round robin never tried the failing backend"
+    );
+    for s in &failed {
+        assert!(
+            bodies.iter().any(|b| s.body == b.as_bytes()),
+            "the failed attempt got a different body"
+        );
+    }
+}
+both_drivers!(long_body_survives_a_retry);

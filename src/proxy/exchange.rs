@@ -9,6 +9,7 @@
 //! event and a properly ended body instead of a cut connection.
 
 use super::route::Route;
+use super::wire::Outgoing;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::io::read_append;
@@ -186,7 +187,7 @@ impl Exchange<'_> {
         &mut self,
         client: &mut TcpStream,
         request: Vec<u8>,
-        separate_body: Option<&[u8]>,
+        body: Option<&Rc<Vec<u8>>>,
         route: &Route,
         client_keep_alive: bool,
         request_id: &str,
@@ -194,10 +195,8 @@ impl Exchange<'_> {
     ) -> Result<bool, Failure> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, resp) = self
-            .send(request, separate_body)
-            .await
-            .map_err(Failure::Retryable)?;
+        let (mut upstream, mut buf, head_len, resp) =
+            self.send(request, body).await.map_err(Failure::Retryable)?;
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
@@ -382,8 +381,8 @@ impl Exchange<'_> {
     /// turns out to be dead before answering anything is replaced by a fresh one.
     async fn send(
         &mut self,
-        mut request: Vec<u8>,
-        separate_body: Option<&[u8]>,
+        request: Vec<u8>,
+        body: Option<&Rc<Vec<u8>>>,
     ) -> Result<(TcpStream, Vec<u8>, usize, ResponseHead), GatewayError> {
         let shard = self.shard;
         let upstream = shard.fleet.borrow().live.config.upstream.clone();
@@ -394,6 +393,7 @@ impl Exchange<'_> {
         let deadline = Instant::now() + first_byte_timeout;
         let mut buf = shard.take_buffer();
         let mut resp = ResponseHead::default();
+        let mut request = Outgoing::new(request, body.cloned());
         loop {
             let pooled = shard.pool.borrow_mut().take(self.backend);
             let reused = pooled.is_some();
@@ -401,14 +401,10 @@ impl Exchange<'_> {
                 Some(s) => s,
                 None => connect(backend.addr, &backend.id, upstream.connect_timeout).await?,
             };
-            let (r, req) = stream.write_all(request).await;
+            request.rewind();
+            let (sent, req) = request.write_to(&mut stream).await;
             request = req;
-            let mut sent = r.is_ok();
-            if let (true, Some(body)) = (sent, separate_body) {
-                let (r, _) = stream.write_all(body.to_vec()).await;
-                sent = r.is_ok();
-            }
-            if !sent {
+            if sent.is_err() {
                 if reused {
                     continue;
                 }
@@ -450,7 +446,7 @@ impl Exchange<'_> {
                         buf.drain(..n);
                     }
                     Ok(Some(n)) => {
-                        shard.give_buffer(request);
+                        shard.give_buffer(request.into_head());
                         return Ok((stream, buf, n, resp));
                     }
                     Ok(None) if buf.len() > 64 << 10 => {

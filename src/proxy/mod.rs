@@ -14,6 +14,7 @@ mod disagg;
 mod exchange;
 pub mod queue;
 mod route;
+mod wire;
 
 use crate::access_log::{AccessRecord, InlineId};
 use crate::config::Hashing;
@@ -37,11 +38,6 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
-
-/// Bodies up to this size are sent in the same write as the request head: one copy
-/// into a pooled buffer (which the shard keeps up to 1 MB) and one send, where a
-/// separate body costs a fresh buffer, the same copy and a second send.
-const COALESCE_BODY: usize = 512 << 10;
 
 /// Attempts per request are capped here whatever the config says.
 const MAX_ATTEMPTS: usize = 8;
@@ -71,28 +67,37 @@ pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     head: &RequestHead,
-    body: &[u8],
+    client_body: &Rc<Vec<u8>>,
     endpoint: Endpoint,
     request_id: &str,
     started: Instant,
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
+    let body: &[u8] = client_body;
     let tenant = authenticate(shard, head)?;
-    // A RAG request becomes a plain chat body first (crate::rag).
-    let normalised = match endpoint {
-        Endpoint::ChatCompletions => crate::rag::normalise(body, &shared.config.routing.rag_field)?,
-        Endpoint::Completions => None,
-    };
-    let (body, chunks) = match &normalised {
-        Some(n) => (&n.body[..], &n.chunk_ids[..]),
-        None => (body, &[][..]),
-    };
     let isolated = shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
         (true, Some(t)) => shared.tenants[t].seed,
         _ => 0,
     };
-    let (facts, prompt_tokens) = parse_prompt(shard, endpoint, body, seed_mix)?;
+    // A RAG request (a chat body with the member `routing.rag_field`, noticed by the
+    // one parse) becomes a plain chat body first (crate::rag), which is parsed in turn.
+    let rag_field = &*shared.config.routing.rag_field;
+    let stop_at = (endpoint == Endpoint::ChatCompletions).then_some(rag_field);
+    let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, stop_at)?;
+    let normalised = match parsed {
+        Some(_) => None,
+        None => crate::rag::normalise(body, rag_field)?.map(|n| (Rc::new(n.body), n.chunk_ids)),
+    };
+    let (body_shared, chunks) = match &normalised {
+        Some((body, chunks)) => (body, &chunks[..]),
+        None => (client_body, &[][..]),
+    };
+    let body: &[u8] = body_shared;
+    let (facts, prompt_tokens) = match parsed {
+        Some(parsed) => parsed,
+        None => parse_prompt(shard, endpoint, body, seed_mix)?,
+    };
     if isolated && tenant.is_some() && facts.has_cache_salt {
         return Err(GatewayError::invalid_param(
             "cache_salt",
@@ -175,10 +180,10 @@ pub async fn forward(
     let salted;
     let upstream_body = match (isolated, tenant) {
         (true, Some(t)) => {
-            salted = with_cache_salt(body, shared.tenants[t].seed);
-            &salted[..]
+            salted = Rc::new(with_cache_salt(body, shared.tenants[t].seed));
+            &salted
         }
-        _ => body,
+        _ => body_shared,
     };
     let request = Request {
         head,
@@ -222,12 +227,29 @@ pub(crate) fn parse_prompt(
     body: &[u8],
     seed_mix: u64,
 ) -> Result<(RequestFacts, u64), GatewayError> {
+    let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, None)?;
+    Ok(parsed.expect("no member to stop at"))
+}
+
+/// [`parse_prompt`], or `Ok(None)` for a body whose top-level object has the member
+/// `stop_at` (nothing hashed: [`crate::openai::BodyParser::parse_unless_member`]).
+fn parse_prompt_unless_member(
+    shard: &Shard,
+    endpoint: Endpoint,
+    body: &[u8],
+    seed_mix: u64,
+    stop_at: Option<&str>,
+) -> Result<Option<(RequestFacts, u64)>, GatewayError> {
     let shared = &shard.shared;
     let mut parser = shard.parser.borrow_mut();
     let mut hasher = shard.hasher.borrow_mut();
     let fleet = shard.fleet.borrow().clone();
     let models = fleet.live.backends.models();
-    let mut facts = parser.parse(endpoint, body, models, &mut hasher, seed_mix)?;
+    let parsed =
+        parser.parse_unless_member(endpoint, body, models, &mut hasher, seed_mix, stop_at)?;
+    let Some(mut facts) = parsed else {
+        return Ok(None);
+    };
     match &shard.tokens {
         // Token mode: the token-id blocks replace the byte blocks (and the
         // affinity key); the prompt's size is known exactly.
@@ -251,14 +273,14 @@ pub(crate) fn parse_prompt(
             facts.media.first_block =
                 (before_media / routing.bytes_per_token / routing.prefix_aware.tokens_per_block)
                     as u32;
-            Ok((facts, tokens.tokens() as u64))
+            Ok(Some((facts, tokens.tokens() as u64)))
         }
         None => {
             let bytes = hasher.bytes_fed() as f64;
-            Ok((
+            Ok(Some((
                 facts,
                 (bytes / shared.config.routing.bytes_per_token) as u64,
-            ))
+            )))
         }
     }
 }
@@ -405,7 +427,7 @@ async fn attempt_all(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    body: &[u8],
+    body: &Rc<Vec<u8>>,
 ) -> Result<(bool, Usage), GatewayError> {
     let shared = &shard.shared;
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
@@ -487,10 +509,6 @@ async fn attempt_all(
             request_id,
             crate::trace::id_of(attempt_span),
         );
-        let split_body = body.len() > COALESCE_BODY;
-        if !split_body {
-            request.extend_from_slice(body);
-        }
         let mut exchange = Exchange {
             shard,
             backend,
@@ -511,7 +529,7 @@ async fn attempt_all(
             .run(
                 client,
                 request,
-                split_body.then_some(body),
+                Some(body),
                 &route,
                 head.keep_alive,
                 request_id,

@@ -26,9 +26,7 @@ mod pair;
 
 use super::exchange::{router_headers, Exchange, Failure};
 use super::route::{ProbeGuard, Route};
-use super::{
-    answer_error, attempt_all, log, log_answer, write_upstream_head, Request, COALESCE_BODY,
-};
+use super::{answer_error, attempt_all, log, log_answer, write_upstream_head, Request};
 use crate::config::{DisaggConfig, Protocol};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -65,7 +63,7 @@ pub(super) async fn forward(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    body: &[u8],
+    body: &Rc<Vec<u8>>,
     split: &DisaggConfig,
 ) -> Result<(bool, Usage), GatewayError> {
     let blocks: Arc<[u64]> = match &req.blocks {
@@ -252,7 +250,7 @@ async fn local(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    body: &[u8],
+    body: &Rc<Vec<u8>>,
     blocks: Arc<[u64]>,
     reason: &'static str,
 ) -> Result<(bool, Usage), GatewayError> {
@@ -524,10 +522,7 @@ async fn decode_leg(
         req.request_id,
         crate::trace::id_of(span),
     );
-    let separate = body.len() > COALESCE_BODY;
-    if !separate {
-        request.extend_from_slice(body);
-    }
+    request.extend_from_slice(body);
     let leg_started = Instant::now();
     let mut exchange = Exchange {
         shard,
@@ -545,7 +540,7 @@ async fn decode_leg(
         .run(
             client,
             request,
-            separate.then_some(body),
+            None,
             route,
             req.head.keep_alive,
             req.request_id,
