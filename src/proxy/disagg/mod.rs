@@ -96,47 +96,23 @@ pub(super) async fn forward(
                     };
                     return local(shard, client, req, body, blocks, reason).await;
                 }
-                let e = match last {
-                    Some((e, route, leg)) => {
-                        return answer(
-                            shard,
-                            client,
-                            req,
-                            &e,
-                            &route,
-                            leg,
-                            prefill_failures + decode_failures,
-                        )
-                        .await
-                    }
-                    None => GatewayError::new(
-                        ErrorKind::NoHealthyBackend,
-                        format!(
-                            "no healthy {} backend for this split model",
-                            match why {
-                                LocalWhy::NoDecode => "decode",
-                                _ => "prefill",
-                            }
-                        ),
+                let error = GatewayError::new(
+                    ErrorKind::NoHealthyBackend,
+                    format!(
+                        "no healthy {} backend for this split model",
+                        match why {
+                            LocalWhy::NoDecode => "decode",
+                            _ => "prefill",
+                        }
                     ),
-                };
-                return Err(e);
+                );
+                let tries = prefill_failures + decode_failures;
+                return give_up(shard, client, req, last, tries, error).await;
             }
-            Err(e) => match last {
-                Some((e, route, leg)) => {
-                    return answer(
-                        shard,
-                        client,
-                        req,
-                        &e,
-                        &route,
-                        leg,
-                        prefill_failures + decode_failures,
-                    )
-                    .await
-                }
-                None => return Err(e),
-            },
+            Err(error) => {
+                let tries = prefill_failures + decode_failures;
+                return give_up(shard, client, req, last, tries, error).await;
+            }
         };
         if last.is_none() {
             shard
@@ -267,6 +243,22 @@ async fn local(
 enum Leg {
     Prefill,
     Decode,
+}
+
+/// No pair is left to try: the client gets the last leg failure if there was one
+/// ([`answer`]), else `error`.
+async fn give_up(
+    shard: &Shard,
+    client: &mut TcpStream,
+    req: &Request<'_>,
+    last: Option<(GatewayError, Route, Leg)>,
+    tries: u32,
+    error: GatewayError,
+) -> Result<(bool, Usage), GatewayError> {
+    match last {
+        Some((e, route, leg)) => answer(shard, client, req, &e, &route, leg, tries).await,
+        None => Err(error),
+    }
 }
 
 /// Answers the failure of the last attempt's `leg` (after `tries` failed tries in
