@@ -9,7 +9,7 @@
 //! here runs on the request path.
 
 use crate::runtime::Driver;
-use crate::shard::{ShardCommand, Shared};
+use crate::shard::Shared;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -98,14 +98,7 @@ fn thread_stat(tid: i32) -> Option<(u64, f64)> {
 /// its thread and its live counters. Blocks the calling (admin) thread up to 2 s for
 /// the shards' counters; a shard that does not answer in time is listed without them.
 pub fn shards_json(shared: &Shared) -> serde_json::Value {
-    let (tx, rx) = flume::bounded(shared.shard_commands.len());
-    let mut asked = 0;
-    for cmd in &shared.shard_commands {
-        if cmd.send(ShardCommand::CollectMetrics(tx.clone())).is_ok() {
-            asked += 1;
-        }
-    }
-    drop(tx);
+    let (rx, asked) = shared.ask_shards_for_metrics();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     let mut collected: Vec<Option<crate::metrics::ShardMetrics>> =
         (0..shared.shard_commands.len()).map(|_| None).collect();

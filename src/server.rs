@@ -14,7 +14,7 @@ use crate::http::request::Method;
 use crate::metrics::{self, RequestKey};
 use crate::openai::Endpoint;
 use crate::proxy;
-use crate::shard::{Shard, ShardCommand};
+use crate::shard::Shard;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::{TcpListener, TcpStream};
 use monoio::time::Instant;
@@ -395,14 +395,7 @@ fn models_json(shard: &Shard) -> Vec<u8> {
 /// Collects every shard's metrics over their command channels and renders them.
 async fn scrape(shard: &Shard) -> String {
     let shared = &shard.shared;
-    let (tx, rx) = flume::bounded(shared.shard_commands.len());
-    let mut asked = 0;
-    for cmd in &shared.shard_commands {
-        if cmd.send(ShardCommand::CollectMetrics(tx.clone())).is_ok() {
-            asked += 1;
-        }
-    }
-    drop(tx);
+    let (rx, asked) = shared.ask_shards_for_metrics();
     let mut copies = Vec::with_capacity(asked);
     for _ in 0..asked {
         match monoio::time::timeout(Duration::from_secs(2), rx.recv_async()).await {

@@ -75,6 +75,19 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Asks every shard for a copy of its metrics; returns where the copies arrive and
+    /// how many shards were asked (a shard that has stopped is not). `/metrics` and
+    /// `GET /admin/shards` read them, each with its own wait.
+    pub fn ask_shards_for_metrics(&self) -> (flume::Receiver<ShardMetrics>, usize) {
+        let (tx, rx) = flume::bounded(self.shard_commands.len());
+        let asked = self
+            .shard_commands
+            .iter()
+            .filter(|cmd| cmd.send(ShardCommand::CollectMetrics(tx.clone())).is_ok())
+            .count();
+        (rx, asked)
+    }
+
     pub fn new(
         config: Config,
         shard_commands: Vec<flume::Sender<ShardCommand>>,

@@ -96,6 +96,12 @@ fn record_insert(
             return;
         }
     }
+    insert_and_publish(shard, backend, blocks, now_ms);
+}
+
+/// Records in this shard's replica that `backend` now holds `blocks` (at `now_ms`) and
+/// sends the insert to the coordinator for the other replicas.
+pub(super) fn insert_and_publish(shard: &Shard, backend: usize, blocks: &Arc<[u64]>, now_ms: u64) {
     shard.index.borrow_mut().insert(backend, blocks, now_ms);
     publish(
         shard,

@@ -3,10 +3,9 @@
 //! orchestrator's [`radixgate_orchestrator::disagg::decide`], and the index belief that
 //! both ends of the pair now hold the prompt.
 
-use super::super::route::{fill_candidates, publish, Pool, Route};
+use super::super::route::{fill_candidates, insert_and_publish, Pool, Route};
 use crate::config::DisaggConfig;
 use crate::error::GatewayError;
-use crate::replica::IndexOp;
 use crate::shard::Shard;
 use radixgate_orchestrator::disagg::decide;
 use radixgate_orchestrator::{
@@ -75,15 +74,7 @@ pub(super) fn choose(
     let now_ms = shard.shared.now_ms();
     let recorded = |backend: usize| {
         (!blocks.is_empty()).then(|| {
-            shard.index.borrow_mut().insert(backend, blocks, now_ms);
-            publish(
-                shard,
-                IndexOp::Insert {
-                    backend,
-                    blocks: blocks.clone(),
-                    now_ms,
-                },
-            );
+            insert_and_publish(shard, backend, blocks, now_ms);
             blocks.clone()
         })
     };
