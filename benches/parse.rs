@@ -1,6 +1,8 @@
-//! The request body's JSON step, simd-json against sonic-rs, on the same chat bodies
-//! in the same run, as DESIGN.md asks before settling. (Measured here, sonic-rs won:
-//! the gateway's [`BodyParser`] now uses it.)
+//! The request body's JSON step, simd-json against sonic-rs against the gateway's own
+//! one-pass scanner, on the same chat bodies in the same run, as DESIGN.md asks before
+//! settling. (Measured here, sonic-rs beat simd-json and the gateway used it; the
+//! gateway's [`BodyParser`] now uses its own scanner, `src/openai/tape.rs`, which beat
+//! both: compare `gateway/body-parser` with `sonic-rs/body-parser`.)
 //!
 //! Bodies are `/v1/chat/completions` requests with a system message (384 bytes) and a
 //! user message, 1 KB to 128 KB of content of English-looking text with paragraph
@@ -11,7 +13,7 @@
 //!   as [`BodyParser`] does, and nothing else.
 //! - `sonic-rs/dom`: `sonic_rs::from_slice::<Value>` on the original bytes (sonic-rs
 //!   does not write to its input, so no copy).
-//! - `gateway/body-parser`: the gateway's whole step, [`BodyParser::parse`] (sonic-rs):
+//! - `gateway/body-parser`: the gateway's whole step, [`BodyParser::parse`] (its scanner):
 //!   parse, check the fields, stream the prompt into the [`PromptHasher`].
 //! - `sonic-rs/body-parser`: the same reads and hashing done on a sonic-rs `Value`
 //!   (the fields this workload has: model, stream, max_tokens, messages with string
@@ -250,7 +252,7 @@ fn main() {
     let bodies: Vec<(usize, Vec<u8>)> =
         BODY_KB.iter().map(|&kb| (kb, body(&mut rng, kb))).collect();
 
-    let mut parser = BodyParser;
+    let mut parser = BodyParser::default();
     let mut h = hasher();
     let mut scratch = Vec::new();
     let mut buffers = simd_json::Buffers::new(16 << 10);

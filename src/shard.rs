@@ -255,7 +255,7 @@ impl Shard {
                 c.upstream.pool_idle_expiry,
             )),
             metrics: RefCell::new(ShardMetrics::new(models, backends)),
-            parser: RefCell::new(BodyParser),
+            parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(hasher),
             tokens,
             candidates: RefCell::new(Vec::with_capacity(backends)),

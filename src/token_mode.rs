@@ -281,7 +281,7 @@ pub(crate) mod tests {
         let models = ModelTable::new(vec!["m".into()]);
         let mut canonical = PromptHasher::new(NonZeroUsize::new(64).unwrap());
         canonical.set_recording(true);
-        BodyParser
+        BodyParser::default()
             .parse(endpoint, body.as_bytes(), &models, &mut canonical, 0)
             .unwrap();
         t.hash(&canonical).unwrap();

@@ -86,7 +86,7 @@ impl Engine {
         Rc::new(Engine {
             models: ModelTable::new(vec![config.model.clone()]),
             cache: RefCell::new(EngineCache::new(config.cache_blocks)),
-            parser: RefCell::new(BodyParser),
+            parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(PromptHasher::new(block_bytes)),
             rng: RefCell::new(fastrand::Rng::with_seed(config.seed)),
             running: Cell::new(0),

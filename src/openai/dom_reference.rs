@@ -1,11 +1,13 @@
-//! The DOM-based body parser this module used before the one-pass one (sonic-rs `Value`),
-//! kept as the reference the one-pass parser must agree with (the helpers it
-//! did not change, `feed_json`, `feed_part`, `feed_prompt` and
-//! `optional_count`, are shared): same facts, same
-//! errors (kind and param), same canonical prompt stream (block hashes).
+//! The body parser the gateway used before its own scanner ([`super::tape`]): a
+//! sonic-rs `Value` tree read with keyed lookups. Kept, whole and independent of the
+//! gateway's code, as the reference [`super::BodyParser`] must agree with in the
+//! tests and the `json_body` fuzz target: same facts, same errors (kind and param;
+//! the message too except for malformed JSON, whose detail is each parser's own),
+//! same canonical prompt stream (block hashes).
 
-use super::{feed_json, feed_part, feed_prompt, optional_count};
 use super::{Endpoint, ErrorKind, GatewayError, ModelTable, RequestFacts};
+use radixgate_orchestrator::media::media_id;
+use radixgate_orchestrator::Capabilities;
 use radixgate_orchestrator::{MediaNeeds, PromptHasher};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
@@ -25,6 +27,12 @@ impl DomBodyParser {
         hasher: &mut PromptHasher,
         seed_mix: u64,
     ) -> Result<RequestFacts, GatewayError> {
+        if super::nesting_exceeds(body, super::MAX_JSON_DEPTH) {
+            return Err(GatewayError::new(
+                ErrorKind::MalformedJson,
+                "the request body is nested too deeply",
+            ));
+        }
         let value: Value = sonic_rs::from_slice(body).map_err(|e| {
             GatewayError::new(
                 ErrorKind::MalformedJson,
@@ -181,4 +189,154 @@ fn feed_messages(value: &Value, hasher: &mut PromptHasher) -> Result<MediaNeeds,
         }
     }
     Ok(media)
+}
+
+fn optional_count(value: Option<&Value>, key: &'static str) -> Result<Option<u64>, GatewayError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_null() => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            GatewayError::invalid_param(key, format!("`{key}` must be a non-negative integer"))
+        }),
+    }
+}
+
+/// Feeds a JSON value in a canonical compact form (keys in the order given, strings
+/// unescaped) without building it as a string first.
+fn feed_json(value: &Value, hasher: &mut PromptHasher) {
+    use std::io::Write as _;
+    if let Some(text) = value.as_str() {
+        hasher.feed(b"\"");
+        hasher.feed(text.as_bytes());
+        hasher.feed(b"\"");
+    } else if let Some(items) = value.as_array() {
+        hasher.feed(b"[");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                hasher.feed(b",");
+            }
+            feed_json(item, hasher);
+        }
+        hasher.feed(b"]");
+    } else if let Some(map) = value.as_object() {
+        hasher.feed(b"{");
+        for (i, (k, v)) in map.iter().enumerate() {
+            if i > 0 {
+                hasher.feed(b",");
+            }
+            hasher.feed(b"\"");
+            hasher.feed(k.as_bytes());
+            hasher.feed(b"\":");
+            feed_json(v, hasher);
+        }
+        hasher.feed(b"}");
+    } else {
+        // A number, boolean or null, written without allocating.
+        let mut buf = [0u8; 40];
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        let _ = if let Some(u) = value.as_u64() {
+            write!(cursor, "{u}")
+        } else if let Some(i) = value.as_i64() {
+            write!(cursor, "{i}")
+        } else if let Some(f) = value.as_f64() {
+            write!(cursor, "{f}")
+        } else if let Some(b) = value.as_bool() {
+            write!(cursor, "{b}")
+        } else {
+            write!(cursor, "null")
+        };
+        let n = cursor.position() as usize;
+        hasher.feed(&buf[..n]);
+    }
+}
+
+/// Feeds one content part: a text part's text, an image or audio part as its stable
+/// media id (noted in `media`), any other part as its type. `Err`: why the part is
+/// unusable.
+fn feed_part(
+    part: &Value,
+    hasher: &mut PromptHasher,
+    media: &mut MediaNeeds,
+) -> Result<(), &'static str> {
+    const NO_TYPE: &str = "content parts must be objects with a `type`";
+    let kind = part.get("type").ok_or(NO_TYPE)?.as_str().ok_or(NO_TYPE)?;
+    let source = |outer: &str, inner: &str| {
+        part.get(outer)
+            .and_then(|o| o.get(inner))
+            .and_then(|v| v.as_str())
+    };
+    let (modality, tag, source) = match kind {
+        "text" => {
+            let text = part.get("text").and_then(|t| t.as_str());
+            hasher.feed_content_part(text.ok_or("a `text` part needs a string `text`")?);
+            return Ok(());
+        }
+        "image_url" => (
+            Capabilities::IMAGE,
+            b'i',
+            source("image_url", "url")
+                .ok_or("an `image_url` part needs a string `image_url.url`")?,
+        ),
+        "input_audio" => (
+            Capabilities::AUDIO,
+            b'a',
+            source("input_audio", "data")
+                .ok_or("an `input_audio` part needs a string `input_audio.data`")?,
+        ),
+        "audio_url" => (
+            Capabilities::AUDIO,
+            b'a',
+            source("audio_url", "url")
+                .ok_or("an `audio_url` part needs a string `audio_url.url`")?,
+        ),
+        other => {
+            hasher.feed_content_part(other);
+            return Ok(());
+        }
+    };
+    let block = hasher.feed_media_part(tag, media_id(source));
+    media.note(modality, block);
+    Ok(())
+}
+
+fn feed_prompt(prompt: Option<&Value>, hasher: &mut PromptHasher) -> Result<(), GatewayError> {
+    let prompt =
+        prompt.ok_or_else(|| GatewayError::invalid_param("prompt", "`prompt` is required"))?;
+    let bad = || {
+        GatewayError::invalid_param(
+            "prompt",
+            "`prompt` must be a string, an array of strings, or an array of token ids",
+        )
+    };
+    if let Some(text) = prompt.as_str() {
+        hasher.feed_prompt(text);
+        return Ok(());
+    }
+    let items = prompt.as_array().ok_or_else(bad)?;
+    if items.is_empty() {
+        return Err(bad());
+    }
+    // Batched prompts and token-id prompts: hash the first prompt's content.
+    match &items[0] {
+        v if v.as_str().is_some() => {
+            if !items.iter().all(|i| i.as_str().is_some()) {
+                return Err(bad());
+            }
+            hasher.feed_prompt(v.as_str().unwrap_or(""));
+        }
+        v if v.as_u64().is_some() => {
+            hasher.feed_prompt("");
+            for t in items {
+                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
+            }
+        }
+        v if v.as_array().is_some() => {
+            hasher.feed_prompt("");
+            for t in v.as_array().into_iter().flatten() {
+                hasher.feed_token_id(t.as_u64().ok_or_else(bad)?);
+            }
+        }
+        _ => return Err(bad()),
+    }
+    Ok(())
 }
