@@ -437,19 +437,31 @@ mod simd {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub unsafe fn special_byte_avx2(s: &[u8]) -> usize {
-        let mut i = 0;
         let quote = _mm256_set1_epi8(b'"' as i8);
         let backslash = _mm256_set1_epi8(b'\\' as i8);
         let control_max = _mm256_set1_epi8(0x1f);
-        while i + 32 <= s.len() {
-            // SAFETY: reads the 32 bytes at `i`, all inside `s` by the loop condition.
-            let v = unsafe { _mm256_loadu_si256(s.as_ptr().add(i) as *const __m256i) };
+        // One bit per byte of the 32 at `at` that is special.
+        let mask32 = |at: usize| {
+            // SAFETY: callers keep `at + 32 <= s.len()`.
+            let v = unsafe { _mm256_loadu_si256(s.as_ptr().add(at) as *const __m256i) };
             let control = _mm256_cmpeq_epi8(_mm256_max_epu8(v, control_max), control_max);
             let hits = _mm256_or_si256(
                 _mm256_or_si256(_mm256_cmpeq_epi8(v, quote), _mm256_cmpeq_epi8(v, backslash)),
                 control,
             );
-            let mask = _mm256_movemask_epi8(hits) as u32;
+            _mm256_movemask_epi8(hits) as u32 as u64
+        };
+        let mut i = 0;
+        // 64 bytes a step: two loads, one test.
+        while i + 64 <= s.len() {
+            let mask = mask32(i) | mask32(i + 32) << 32;
+            if mask != 0 {
+                return i + mask.trailing_zeros() as usize;
+            }
+            i += 64;
+        }
+        if i + 32 <= s.len() {
+            let mask = mask32(i);
             if mask != 0 {
                 return i + mask.trailing_zeros() as usize;
             }
