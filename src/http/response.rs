@@ -6,6 +6,7 @@
 //! hop-by-hop header is dropped.
 
 use super::{header_has_token, is_hop_by_hop, parse_content_length, BodyFraming};
+use std::mem::MaybeUninit;
 
 const MAX_HEADERS: usize = 64;
 
@@ -36,9 +37,14 @@ pub fn parse_response_head(
     head: &mut ResponseHead,
     head_request: bool,
 ) -> Result<Option<usize>, BadResponse> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match resp.parse(buf) {
+    // Left uninitialised: httparse writes only the headers it finds.
+    let mut headers = [const { MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut headers,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => {
@@ -139,5 +145,31 @@ mod tests {
         parse_response_head(b"HTTP/1.1 200 OK\r\n\r\n", &mut head, false).unwrap();
         assert_eq!(head.framing(), BodyFraming::UntilClose);
         assert!(!head.keep_alive);
+    }
+
+    #[test]
+    fn partial_and_header_count_limit() {
+        let mut head = ResponseHead::default();
+        assert!(
+            parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Le", &mut head, false)
+                .unwrap()
+                .is_none()
+        );
+        let head_with = |n: usize| {
+            let mut raw = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n".to_vec();
+            for i in 1..n {
+                raw.extend_from_slice(format!("X-H{i}: v\r\n").as_bytes());
+            }
+            raw.extend_from_slice(b"\r\n");
+            raw
+        };
+        let raw = head_with(MAX_HEADERS);
+        let n = parse_response_head(&raw, &mut head, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, raw.len());
+        assert_eq!(head.framing(), BodyFraming::Length(7));
+        assert!(head.forward_headers.ends_with(b"X-H63: v\r\n"));
+        assert!(parse_response_head(&head_with(MAX_HEADERS + 1), &mut head, false).is_err());
     }
 }
