@@ -176,8 +176,11 @@ pub(super) struct Exchange<'s> {
 impl Exchange<'_> {
     /// The engine has answered: its prefill for this request is done.
     fn got_first_byte(&mut self) {
-        self.first_byte = Some(Instant::now());
-        self.pending_prefill = None;
+        let now = Instant::now();
+        self.first_byte = Some(now);
+        if let Some(pending) = self.pending_prefill.take() {
+            pending.release(now.into_std());
+        }
     }
 
     /// Runs the attempt. With `may_retry`, a 5xx is not passed on but returned as
@@ -390,12 +393,17 @@ impl Exchange<'_> {
         let first_byte_timeout = self
             .first_byte_timeout
             .unwrap_or(upstream.first_byte_timeout);
-        let deadline = Instant::now() + first_byte_timeout;
+        let start = Instant::now();
+        let deadline = start + first_byte_timeout;
+        // The first pool lookup shares the deadline's clock reading; one after a
+        // reconnect reads the clock again.
+        let mut first = Some(start);
         let mut buf = shard.take_buffer();
         let mut resp = ResponseHead::default();
         let mut request = Outgoing::new(request, body.cloned());
         loop {
-            let pooled = shard.pool.borrow_mut().take(self.backend);
+            let at = first.take().unwrap_or_else(Instant::now);
+            let pooled = shard.pool.borrow_mut().take(self.backend, at);
             let reused = pooled.is_some();
             let mut stream = match pooled {
                 Some(s) => s,
@@ -415,10 +423,11 @@ impl Exchange<'_> {
             }
             buf.clear();
             loop {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                let read =
-                    monoio::time::timeout(remaining, read_append(&mut stream, &mut buf, 16 << 10))
-                        .await;
+                let read = monoio::time::timeout_at(
+                    deadline,
+                    read_append(&mut stream, &mut buf, 16 << 10),
+                )
+                .await;
                 match read {
                     Err(_) => {
                         return Err(GatewayError::new(

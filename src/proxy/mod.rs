@@ -110,14 +110,13 @@ pub async fn forward(
         None => shared.config.admission.anonymous,
     };
     let budget = admit::budget(head, &tier)?;
-    let now = shared.now_ms();
     let admission = match tenant.map(|t| &shared.tenants[t]) {
         None => None,
         Some(t) => {
             let estimate = prompt_tokens
                 + u64::from(facts.media.tokens())
                 + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
-            match t.admit(estimate, now) {
+            match t.admit(estimate, shared.now_ms()) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
                     return answer_throttle(
@@ -476,12 +475,15 @@ async fn attempt_all(
         if let Some(reason) = req.reason {
             route.pick.reason = reason;
         }
+        // One clock reading for the decision's latency and the attempt's entry into
+        // the backend's pending prefill.
+        let decided = Instant::now();
         if attempt == 1 {
             shard
                 .metrics
                 .borrow_mut()
                 .decision
-                .observe(started.elapsed());
+                .observe(decided.saturating_duration_since(started));
         }
         let backend = route.pick.backend;
         if let Some(mut span) = crate::trace::child(shard, SpanKind::Route, route_span) {
@@ -518,7 +520,7 @@ async fn attempt_all(
                 shard.id,
                 backend,
                 route.uncached_tokens,
-                std::time::Instant::now(),
+                decided.into_std(),
             )),
             usage: UsageScanner::default(),
             status: 0,

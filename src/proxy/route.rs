@@ -146,10 +146,12 @@ impl Pool {
 /// Fills the shard's candidate scratch for `model`: the backends of `pool` that are
 /// healthy, undrained, whose breaker lets a request through, that accept the
 /// request's `media` (and not in `excluded`), with their load and the leading `blocks`
-/// each holds per this shard's index replica. 415 when no backend of the model accepts
-/// the media.
+/// each holds per this shard's index replica, as of `now`. 415 when no backend of the
+/// model accepts the media.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn fill_candidates(
     shard: &Shard,
+    now: std::time::Instant,
     blocks: &[u64],
     model: usize,
     media: &MediaNeeds,
@@ -183,7 +185,6 @@ pub(super) fn fill_candidates(
         return Err(unsupported_media(live.backends.models().name(model), needs));
     }
     let prefill_ns = shard.prefill_ns.borrow();
-    let now = std::time::Instant::now();
     let probes = shard.probes.borrow();
     let probe_limit = live.config.breaker.half_open_probes;
     let mut candidates = shard.candidates.borrow_mut();
@@ -245,10 +246,13 @@ pub(super) fn route(
     excluded: &[usize],
 ) -> Result<Route, GatewayError> {
     let shared = &shard.shared;
-    let now_ms = shared.now_ms();
+    // One clock reading for the index's clock and the candidates' prefill progress.
+    let now = std::time::Instant::now();
+    let now_ms = shared.ms_at(now);
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     fill_candidates(
         shard,
+        now,
         blocks,
         facts.model,
         &facts.media,
