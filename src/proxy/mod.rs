@@ -497,6 +497,15 @@ async fn attempt_all(
         let _probe = ProbeGuard::enter(shard, &route);
         let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
+        // A retry routes the same prompt: keep its blocks before the attempt's awaits
+        // let other requests reuse the shard's scratch (routing copied them only if it
+        // inserted them).
+        if retry_possible && carried.is_none() {
+            carried = Some(match &route.blocks {
+                Some(b) => b.clone(),
+                None => (*shard.prompt_blocks()).into(),
+            });
+        }
         let may_retry =
             retry_possible && shard.retry_budget.borrow_mut().can_retry(shared.now_ms());
 
@@ -563,9 +572,6 @@ async fn attempt_all(
                 if may_retry && shard.retry_budget.borrow_mut().withdraw(shared.now_ms()) {
                     shard.metrics.borrow_mut().retries[backend] += 1;
                     excluded[attempt - 1] = backend;
-                    if carried.is_none() {
-                        carried = Some(route.blocks.clone().unwrap_or_else(|| Arc::from([])));
-                    }
                     tracing::debug!(backend = %shard.backend_id(backend), error = %e, "retrying on another backend");
                     previous = Some((e, route));
                     continue;
