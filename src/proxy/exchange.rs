@@ -198,20 +198,22 @@ impl Exchange<'_> {
     ) -> Result<bool, Failure> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, resp) =
+        let (mut upstream, mut buf, head_len, mut resp) =
             self.send(request, body).await.map_err(Failure::Retryable)?;
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
-            return Err(Failure::Retryable(GatewayError::new(
+            let e = GatewayError::new(
                 ErrorKind::UpstreamProtocol,
                 format!(
                     "backend `{}` answered {} {}",
                     shard.backend_id(self.backend),
                     resp.status,
-                    resp.reason
+                    String::from_utf8_lossy(resp.reason())
                 ),
-            )));
+            );
+            shard.give_buffer(resp.take_buffer());
+            return Err(Failure::Retryable(e));
         }
 
         // Response head to the client, with the first body bytes if they came along.
@@ -221,9 +223,10 @@ impl Exchange<'_> {
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(itoa::Buffer::new().format(resp.status).as_bytes());
         out.push(b' ');
-        out.extend_from_slice(resp.reason.as_bytes());
+        out.extend_from_slice(resp.reason());
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&resp.forward_headers);
+        out.extend_from_slice(resp.forward_headers());
+        shard.give_buffer(resp.take_buffer());
         router_headers(shard, &mut out, route, request_id);
         if !keep_client {
             out.extend_from_slice(b"Connection: close\r\n");
@@ -325,8 +328,9 @@ impl Exchange<'_> {
     ) -> Result<Vec<u8>, GatewayError> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, resp) = self.send(request, None).await?;
+        let (mut upstream, mut buf, head_len, mut resp) = self.send(request, None).await?;
         self.status = resp.status;
+        shard.give_buffer(resp.take_buffer());
         self.got_first_byte();
         let broke = |what: &str| {
             GatewayError::new(
@@ -399,7 +403,7 @@ impl Exchange<'_> {
         // reconnect reads the clock again.
         let mut first = Some(start);
         let mut buf = shard.take_buffer();
-        let mut resp = ResponseHead::default();
+        let mut resp = ResponseHead::with_buffer(shard.take_buffer());
         let mut request = Outgoing::new(request, body.cloned());
         loop {
             let at = first.take().unwrap_or_else(Instant::now);
