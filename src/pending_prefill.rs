@@ -141,6 +141,15 @@ pub struct PendingGuard<'a> {
     tokens: u32,
 }
 
+impl PendingGuard<'_> {
+    /// Releases the tokens at `now`, a clock reading the caller already has (the
+    /// first byte's), instead of reading the clock again on drop.
+    pub fn release(self, now: Instant) {
+        self.owner.leave(self.shard, self.backend, self.tokens, now);
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         self.owner
@@ -181,18 +190,16 @@ mod tests {
         // Shard 1 sends B at 20 ms: it queues behind A; progress is still A's.
         let b = p.enter(1, 0, 500, at(20));
         assert_eq!(p.progress_ns(0, at(30)), 20 * MS);
-        // A's first byte at 40 ms (through `leave`: the guard stamps the real
-        // clock): B starts then.
-        std::mem::forget(a);
-        p.leave(0, 0, 1000, at(40));
+        // A's first byte at 40 ms (released at that reading; dropped, the guard
+        // would stamp the real clock): B starts then.
+        a.release(at(40));
         assert_eq!(p.tokens(0), 500);
         assert_eq!(p.progress_ns(0, at(45)), 5 * MS);
         // Shard 0's set is empty now; its new request at 50 ms queues behind B,
         // which is still being prefilled: the clock stays at B's start.
         let c = p.enter(0, 0, 100, at(50));
         assert_eq!(p.progress_ns(0, at(55)), 15 * MS);
-        std::mem::forget(b);
-        p.leave(1, 0, 500, at(60));
+        b.release(at(60));
         assert_eq!(
             p.progress_ns(0, at(65)),
             5 * MS,

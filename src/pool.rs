@@ -52,9 +52,8 @@ impl UpstreamPool {
         }
     }
 
-    /// The most recently parked connection to `backend` that has not expired.
-    pub fn take(&mut self, backend: usize) -> Option<TcpStream> {
-        let now = Instant::now();
+    /// The most recently parked connection to `backend` that has not expired by `now`.
+    pub fn take(&mut self, backend: usize, now: Instant) -> Option<TcpStream> {
         let queue = &mut self.idle[backend];
         while let Some(front) = queue.front() {
             if now.saturating_duration_since(front.since) < self.expiry {

@@ -149,7 +149,12 @@ impl Shared {
 
     /// The index's logical clock.
     pub fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.ms_at(Instant::now())
+    }
+
+    /// The index's logical clock at `at`, a clock reading the caller already has.
+    pub fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64
     }
 }
 

@@ -116,6 +116,51 @@ fn slowloris_head_and_body(io: &str) {
 }
 both_drivers!(slowloris_head_and_body);
 
+/// The body clock runs for the whole body, however its bytes are spread: a body
+/// trickled a byte at a time, each read well within the timeout, is cut off by the
+/// deadline set when the gateway first had to wait for it, for a plain and a chunked
+/// body, and for one whose client waited for `100 Continue`.
+fn trickled_body(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let heads: [&[u8]; 3] = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n",
+    ];
+    for head in heads {
+        let mut c = Client::connect(addr);
+        let started = Instant::now();
+        c.send(head);
+        if head.ends_with(b"100-continue\r\n\r\n") {
+            assert_eq!(c.read_head().0, 100);
+        }
+        let mut cut_off = false;
+        while started.elapsed() < Duration::from_millis(1500) {
+            pause(Duration::from_millis(50));
+            if c.stream().write_all(b" ").is_err() {
+                cut_off = true;
+                break;
+            }
+            c.stream().set_nonblocking(true).unwrap();
+            let mut byte = [0u8; 1];
+            cut_off = matches!(c.stream().peek(&mut byte), Ok(n) if n > 0);
+            c.stream().set_nonblocking(false).unwrap();
+            if cut_off {
+                break;
+            }
+        }
+        assert!(cut_off, "a trickled body was never cut off");
+        assert!(started.elapsed() < Duration::from_millis(1000));
+        let r = c.read_response();
+        assert_eq!(r.status, 408, "{}", r.text());
+        assert_eq!(r.error_param_code().1, "request_timeout");
+        assert!(c.is_closed());
+    }
+    still_serves(addr);
+}
+both_drivers!(trickled_body);
+
 fn idle_keep_alive_is_closed(io: &str) {
     let (_e, gw) = gateway(io);
     let addr = gw.local_addr();

@@ -358,3 +358,47 @@ fn repeated_prompts_touch_the_index_once_per_interval(io: &str) {
     }
 }
 both_drivers!(repeated_prompts_touch_the_index_once_per_interval);
+
+/// A prompt its pick already holds in full, seen again within `index_touch_ms` (the
+/// touch coalesced: routing recorded and copied nothing), still goes whole to the next
+/// backend when that attempt fails: the retry records the prompt there, so the next
+/// request finds it cached on the new backend.
+fn retry_after_a_coalesced_touch_carries_the_prompt(io: &str) {
+    let (mut engines, gw) = fleet(
+        io,
+        2,
+        1,
+        "index_touch_ms = 600000\n[breaker]\nfailure_threshold = 1\nopen_ms = 60000\n[health]\ninterval_ms = 60000\n",
+    );
+    let addr = gw.local_addr();
+    let prompt = doc_question(5, 0);
+    let first = Client::connect(addr).post("/v1/chat/completions", &prompt, &[]);
+    let home = first.header("x-router-backend").unwrap().to_string();
+    let again = Client::connect(addr).post("/v1/chat/completions", &prompt, &[]);
+    assert_eq!(again.header("x-router-backend"), Some(home.as_str()));
+    let held = again.header("x-router-match-blocks").unwrap().to_string();
+    assert!(held.parse::<u32>().unwrap() > 10, "{held}");
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_index_touches_coalesced_total"),
+        Some(1.0)
+    );
+    // The home engine dies; the prompt's next request fails there and is retried.
+    let other = if home == "e0" { "e1" } else { "e0" };
+    engines.remove(if home == "e0" { 0 } else { 1 }).stop();
+    let retried = Client::connect(addr).post("/v1/chat/completions", &prompt, &[]);
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    assert_eq!(retried.header("x-router-backend"), Some(other));
+    let m = Client::connect(addr).get("/metrics").text();
+    let retries = format!("radixgate_retries_total{{backend=\"{home}\"}}");
+    assert_eq!(metric(&m, &retries), Some(1.0), "{m}");
+    // The retry recorded the whole prompt on the other backend.
+    let next = Client::connect(addr).post("/v1/chat/completions", &prompt, &[]);
+    assert_eq!(next.header("x-router-backend"), Some(other));
+    assert_eq!(
+        next.header("x-router-match-blocks"),
+        Some(held.as_str()),
+        "the retry carried the prompt's blocks"
+    );
+}
+both_drivers!(retry_after_a_coalesced_touch_carries_the_prompt);

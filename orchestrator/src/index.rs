@@ -85,6 +85,9 @@ pub struct PrefixMatch {
     pub matched: Vec<u32>,
     /// The largest entry of `matched`.
     pub longest: u32,
+    /// The node holding the query's last block when the whole query is in the tree
+    /// (for [`PrefixIndex::last_used_matched`]).
+    chain_end: Option<u32>,
 }
 
 /// The radix tree of held prompt prefixes, with per-backend and global LRU bounds.
@@ -289,6 +292,7 @@ impl PrefixIndex {
         out.matched.clear();
         out.matched.resize(self.backends.len(), 0);
         out.longest = 0;
+        out.chain_end = None;
         let mut cur = ROOT;
         let mut i = 0;
         while i < blocks.len() {
@@ -303,6 +307,9 @@ impl PrefixIndex {
             }
             // Every live node has a holder, so the deepest node reached sets the max.
             out.longest = reached;
+            if reached as usize == blocks.len() {
+                out.chain_end = Some(child);
+            }
             if m < node.edge.len() {
                 break;
             }
@@ -332,6 +339,26 @@ impl PrefixIndex {
         }
         // A holder holds the whole edge, and every ancestor of a block it holds.
         Some(self.holder(deepest?, b)?.last_used)
+    }
+
+    /// [`Self::last_used`] for the query that `m` is the unchanged index's
+    /// [`Self::match_prefix`] of, without walking the tree again.
+    pub fn last_used_matched(&self, m: &PrefixMatch, backend: BackendIdx) -> Option<u64> {
+        let b = u32::try_from(backend).ok()?;
+        Some(self.holder(m.chain_end?, b)?.last_used)
+    }
+
+    /// [`Self::touch_is_due`] for the query that `m` is the unchanged index's
+    /// [`Self::match_prefix`] of, without walking the tree again.
+    pub fn touch_is_due_matched(
+        &self,
+        m: &PrefixMatch,
+        backend: BackendIdx,
+        now: u64,
+        resolution: u64,
+    ) -> bool {
+        self.last_used_matched(m, backend)
+            .is_none_or(|t| now.saturating_sub(t) >= resolution)
     }
 
     /// Whether inserting `blocks` for `backend` at `now` would change what the index

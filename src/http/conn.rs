@@ -85,11 +85,11 @@ impl ClientConn {
         &mut self,
         limits: &RequestLimits,
     ) -> Result<ReadOutcome, GatewayError> {
-        // Set once the head's first byte is here.
+        // Set once the head's first byte is here and more is needed (a head that came
+        // whole needs no deadline, and no clock reading).
         let mut head_deadline = None;
         let head_len = loop {
             if !self.buf.is_empty() {
-                head_deadline.get_or_insert_with(|| Instant::now() + limits.head_timeout);
                 let window = self.buf.len().min(limits.max_head_bytes);
                 match parse_request_head(&self.buf[..window], &mut self.head)? {
                     Some(n) => break n,
@@ -102,7 +102,9 @@ impl ClientConn {
                             ),
                         ))
                     }
-                    None => {}
+                    None => {
+                        deadline_from_now(&mut head_deadline, limits.head_timeout);
+                    }
                 }
             }
             let between_requests = self.buf.is_empty();
@@ -141,7 +143,9 @@ impl ClientConn {
                 ),
             ));
         }
-        let body_deadline = Instant::now() + limits.body_timeout;
+        // Set when the body first has to be waited for (or before a 100 Continue): a
+        // body that came with its head needs no clock reading.
+        let mut body_deadline = None;
 
         self.body.clear();
         let framing = self.head.framing();
@@ -152,6 +156,7 @@ impl ClientConn {
         }
         if self.head.expect_continue && framing != BodyFraming::Empty && self.buf.len() == head_len
         {
+            deadline_from_now(&mut body_deadline, limits.body_timeout);
             let (r, _) = self
                 .stream
                 .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
@@ -171,8 +176,9 @@ impl ClientConn {
                     .extend_from_slice(&self.buf[head_len..head_len + have]);
                 consume_front(&mut self.buf, head_len + have);
                 while self.body.len() < n {
+                    let deadline = deadline_from_now(&mut body_deadline, limits.body_timeout);
                     let read = read_up_to(&mut self.stream, &mut self.body, n);
-                    body_read(limits, monoio::time::timeout_at(body_deadline, read).await)?;
+                    body_read(limits, monoio::time::timeout_at(deadline, read).await)?;
                 }
             }
             BodyFraming::Chunked => {
@@ -200,7 +206,8 @@ impl ClientConn {
                     if decoder.is_done() {
                         break;
                     }
-                    self.fill(limits, body_deadline, 4096).await?;
+                    let deadline = deadline_from_now(&mut body_deadline, limits.body_timeout);
+                    self.fill(limits, deadline, 4096).await?;
                 }
             }
         }
@@ -220,6 +227,11 @@ impl ClientConn {
         .await;
         body_read(limits, read)
     }
+}
+
+/// The deadline in `slot`, set to `timeout` from now the first time it is asked for.
+fn deadline_from_now(slot: &mut Option<Instant>, timeout: Duration) -> Instant {
+    *slot.get_or_insert_with(|| Instant::now() + timeout)
 }
 
 /// The outcome of one timed read of body bytes.

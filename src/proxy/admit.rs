@@ -136,6 +136,7 @@ impl Admission<'_> {
         // A model left without backends leaves no candidates: routing answers it.
         let _ = fill_candidates(
             shard,
+            std::time::Instant::now(),
             blocks,
             self.facts.model,
             &self.facts.media,

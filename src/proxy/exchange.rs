@@ -176,8 +176,11 @@ pub(super) struct Exchange<'s> {
 impl Exchange<'_> {
     /// The engine has answered: its prefill for this request is done.
     fn got_first_byte(&mut self) {
-        self.first_byte = Some(Instant::now());
-        self.pending_prefill = None;
+        let now = Instant::now();
+        self.first_byte = Some(now);
+        if let Some(pending) = self.pending_prefill.take() {
+            pending.release(now.into_std());
+        }
     }
 
     /// Runs the attempt. With `may_retry`, a 5xx is not passed on but returned as
@@ -195,20 +198,22 @@ impl Exchange<'_> {
     ) -> Result<bool, Failure> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, resp) =
+        let (mut upstream, mut buf, head_len, mut resp) =
             self.send(request, body).await.map_err(Failure::Retryable)?;
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
-            return Err(Failure::Retryable(GatewayError::new(
+            let e = GatewayError::new(
                 ErrorKind::UpstreamProtocol,
                 format!(
                     "backend `{}` answered {} {}",
                     shard.backend_id(self.backend),
                     resp.status,
-                    resp.reason
+                    String::from_utf8_lossy(resp.reason())
                 ),
-            )));
+            );
+            shard.give_buffer(resp.take_buffer());
+            return Err(Failure::Retryable(e));
         }
 
         // Response head to the client, with the first body bytes if they came along.
@@ -218,9 +223,10 @@ impl Exchange<'_> {
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(itoa::Buffer::new().format(resp.status).as_bytes());
         out.push(b' ');
-        out.extend_from_slice(resp.reason.as_bytes());
+        out.extend_from_slice(resp.reason());
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&resp.forward_headers);
+        out.extend_from_slice(resp.forward_headers());
+        shard.give_buffer(resp.take_buffer());
         router_headers(shard, &mut out, route, request_id);
         if !keep_client {
             out.extend_from_slice(b"Connection: close\r\n");
@@ -322,8 +328,9 @@ impl Exchange<'_> {
     ) -> Result<Vec<u8>, GatewayError> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, resp) = self.send(request, None).await?;
+        let (mut upstream, mut buf, head_len, mut resp) = self.send(request, None).await?;
         self.status = resp.status;
+        shard.give_buffer(resp.take_buffer());
         self.got_first_byte();
         let broke = |what: &str| {
             GatewayError::new(
@@ -390,12 +397,17 @@ impl Exchange<'_> {
         let first_byte_timeout = self
             .first_byte_timeout
             .unwrap_or(upstream.first_byte_timeout);
-        let deadline = Instant::now() + first_byte_timeout;
+        let start = Instant::now();
+        let deadline = start + first_byte_timeout;
+        // The first pool lookup shares the deadline's clock reading; one after a
+        // reconnect reads the clock again.
+        let mut first = Some(start);
         let mut buf = shard.take_buffer();
-        let mut resp = ResponseHead::default();
+        let mut resp = ResponseHead::with_buffer(shard.take_buffer());
         let mut request = Outgoing::new(request, body.cloned());
         loop {
-            let pooled = shard.pool.borrow_mut().take(self.backend);
+            let at = first.take().unwrap_or_else(Instant::now);
+            let pooled = shard.pool.borrow_mut().take(self.backend, at);
             let reused = pooled.is_some();
             let mut stream = match pooled {
                 Some(s) => s,
@@ -415,10 +427,11 @@ impl Exchange<'_> {
             }
             buf.clear();
             loop {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                let read =
-                    monoio::time::timeout(remaining, read_append(&mut stream, &mut buf, 16 << 10))
-                        .await;
+                let read = monoio::time::timeout_at(
+                    deadline,
+                    read_append(&mut stream, &mut buf, 16 << 10),
+                )
+                .await;
                 match read {
                     Err(_) => {
                         return Err(GatewayError::new(

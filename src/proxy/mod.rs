@@ -110,14 +110,13 @@ pub async fn forward(
         None => shared.config.admission.anonymous,
     };
     let budget = admit::budget(head, &tier)?;
-    let now = shared.now_ms();
     let admission = match tenant.map(|t| &shared.tenants[t]) {
         None => None,
         Some(t) => {
             let estimate = prompt_tokens
                 + u64::from(facts.media.tokens())
                 + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
-            match t.admit(estimate, now) {
+            match t.admit(estimate, shared.now_ms()) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
                     return answer_throttle(
@@ -476,12 +475,15 @@ async fn attempt_all(
         if let Some(reason) = req.reason {
             route.pick.reason = reason;
         }
+        // One clock reading for the decision's latency and the attempt's entry into
+        // the backend's pending prefill.
+        let decided = Instant::now();
         if attempt == 1 {
             shard
                 .metrics
                 .borrow_mut()
                 .decision
-                .observe(started.elapsed());
+                .observe(decided.saturating_duration_since(started));
         }
         let backend = route.pick.backend;
         if let Some(mut span) = crate::trace::child(shard, SpanKind::Route, route_span) {
@@ -495,6 +497,15 @@ async fn attempt_all(
         let _probe = ProbeGuard::enter(shard, &route);
         let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
+        // A retry routes the same prompt: keep its blocks before the attempt's awaits
+        // let other requests reuse the shard's scratch (routing copied them only if it
+        // inserted them).
+        if retry_possible && carried.is_none() {
+            carried = Some(match &route.blocks {
+                Some(b) => b.clone(),
+                None => (*shard.prompt_blocks()).into(),
+            });
+        }
         let may_retry =
             retry_possible && shard.retry_budget.borrow_mut().can_retry(shared.now_ms());
 
@@ -518,7 +529,7 @@ async fn attempt_all(
                 shard.id,
                 backend,
                 route.uncached_tokens,
-                std::time::Instant::now(),
+                decided.into_std(),
             )),
             usage: UsageScanner::default(),
             status: 0,
@@ -561,9 +572,6 @@ async fn attempt_all(
                 if may_retry && shard.retry_budget.borrow_mut().withdraw(shared.now_ms()) {
                     shard.metrics.borrow_mut().retries[backend] += 1;
                     excluded[attempt - 1] = backend;
-                    if carried.is_none() {
-                        carried = Some(route.blocks.clone().unwrap_or_else(|| Arc::from([])));
-                    }
                     tracing::debug!(backend = %shard.backend_id(backend), error = %e, "retrying on another backend");
                     previous = Some((e, route));
                     continue;

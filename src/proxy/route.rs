@@ -42,7 +42,9 @@ pub(super) struct Route {
     pub probe: bool,
     /// Other candidates a retry could go to.
     pub alternatives: usize,
-    /// The prompt's blocks, recorded in the index as now held by the pick.
+    /// The prompt's blocks when they were inserted in the index as now held by the
+    /// pick (what [`Route::roll_back`] undoes); `None` when nothing was inserted (no
+    /// blocks, or the pick already held them all and the touch was coalesced).
     pub blocks: Option<Arc<[u64]>>,
     /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
     pub chunk_overlap: Option<(u32, u32)>,
@@ -80,23 +82,28 @@ impl Route {
 /// less than `routing.index_touch_ms` ago. Then nothing changes but that recency,
 /// so the insert is skipped here and never sent: every replica stays the same, and
 /// a hot prompt costs the coordinator one event per interval instead of one per
-/// request. `matched` equal to the chain keeps [`Route::roll_back`] a no-op for it.
+/// request. Returns the blocks inserted (copied once, shared with the event), `None`
+/// when skipped. `shard.matches` must hold this replica's match of `blocks` (from
+/// [`fill_candidates`] in the same routing step), so the check needs no second walk.
 fn record_insert(
     shard: &Shard,
     backend: usize,
-    blocks: &Arc<[u64]>,
+    blocks: &[u64],
     matched: u32,
     now_ms: u64,
     touch_ms: u64,
-) {
+) -> Option<Arc<[u64]>> {
     if matched as usize == blocks.len() {
         let index = shard.index.borrow();
-        if !index.touch_is_due(backend, blocks, now_ms, touch_ms) {
+        let due = index.touch_is_due_matched(&shard.matches.borrow(), backend, now_ms, touch_ms);
+        if !due {
             shard.metrics.borrow_mut().index_touches_coalesced += 1;
-            return;
+            return None;
         }
     }
-    insert_and_publish(shard, backend, blocks, now_ms);
+    let blocks: Arc<[u64]> = blocks.into();
+    insert_and_publish(shard, backend, &blocks, now_ms);
+    Some(blocks)
 }
 
 /// Records in this shard's replica that `backend` now holds `blocks` (at `now_ms`) and
@@ -146,10 +153,12 @@ impl Pool {
 /// Fills the shard's candidate scratch for `model`: the backends of `pool` that are
 /// healthy, undrained, whose breaker lets a request through, that accept the
 /// request's `media` (and not in `excluded`), with their load and the leading `blocks`
-/// each holds per this shard's index replica. 415 when no backend of the model accepts
-/// the media.
+/// each holds per this shard's index replica, as of `now`. 415 when no backend of the
+/// model accepts the media.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn fill_candidates(
     shard: &Shard,
+    now: std::time::Instant,
     blocks: &[u64],
     model: usize,
     media: &MediaNeeds,
@@ -183,7 +192,6 @@ pub(super) fn fill_candidates(
         return Err(unsupported_media(live.backends.models().name(model), needs));
     }
     let prefill_ns = shard.prefill_ns.borrow();
-    let now = std::time::Instant::now();
     let probes = shard.probes.borrow();
     let probe_limit = live.config.breaker.half_open_probes;
     let mut candidates = shard.candidates.borrow_mut();
@@ -245,10 +253,13 @@ pub(super) fn route(
     excluded: &[usize],
 ) -> Result<Route, GatewayError> {
     let shared = &shard.shared;
-    let now_ms = shared.now_ms();
+    // One clock reading for the index's clock and the candidates' prefill progress.
+    let now = std::time::Instant::now();
+    let now_ms = shared.ms_at(now);
     let session_home = session.and_then(|s| shard.sessions.borrow().get(s, now_ms));
     fill_candidates(
         shard,
+        now,
         blocks,
         facts.model,
         &facts.media,
@@ -316,19 +327,19 @@ pub(super) fn route(
         .find(|c| c.backend == pick.backend)
         .copied()
         .unwrap_or_default();
-    let recorded = (!blocks.is_empty()).then(|| {
-        let blocks: Arc<[u64]> = blocks.into();
+    let recorded = if blocks.is_empty() {
+        None
+    } else {
         let touch_ms = live.config.routing.index_touch_ms;
         record_insert(
             shard,
             pick.backend,
-            &blocks,
+            blocks,
             chosen.matched_blocks,
             now_ms,
             touch_ms,
-        );
-        blocks
-    });
+        )
+    };
     if let Some(session) = session {
         // Like a prompt already held: a session already bound here, seen less than
         // `index_touch_ms` ago, would only have its time-to-live refreshed.

@@ -310,6 +310,14 @@ pub fn check_against_model(max_blocks: usize, ops: &[Op]) -> PrefixIndex {
         }
         for probe in &probes {
             index.match_prefix(probe, &mut out);
+            for b in 0..model.slots() + 1 {
+                assert_eq!(
+                    index.last_used_matched(&out, b),
+                    model.last_used(b, probe),
+                    "last_used_matched {b} {probe:?}, {}",
+                    ctx()
+                );
+            }
             let want = model.matched(probe);
             assert_eq!(out.matched, want, "match {probe:?}, {}", ctx());
             assert_eq!(

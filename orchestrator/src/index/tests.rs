@@ -341,6 +341,30 @@ fn a_touch_is_due_unless_the_whole_chain_was_used_recently() {
     assert_eq!(idx.last_used(0, &[1, 2, 3, 4]), Some(300));
 }
 
+/// The same answers from the match the router already made, without a second walk.
+#[test]
+fn a_touch_is_due_from_the_match() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3], 100);
+    idx.insert(1, &[1, 2], 120);
+    let mut m = PrefixMatch::default();
+    let due = |idx: &PrefixIndex, m: &mut PrefixMatch, q: &[u64], b, now| {
+        idx.match_prefix(q, m);
+        idx.touch_is_due_matched(m, b, now, 50)
+    };
+    assert!(!due(&idx, &mut m, &[1, 2, 3], 0, 149));
+    assert!(due(&idx, &mut m, &[1, 2, 3], 0, 150), "old enough");
+    assert!(!due(&idx, &mut m, &[1, 2], 0, 149), "a prefix of the chain");
+    assert!(!due(&idx, &mut m, &[1, 2], 1, 169));
+    assert!(due(&idx, &mut m, &[1, 2, 3], 1, 121), "not all held");
+    assert!(due(&idx, &mut m, &[1, 2, 3, 4], 0, 101), "new blocks");
+    assert!(due(&idx, &mut m, &[1, 9], 0, 101), "leaves the tree");
+    assert!(due(&idx, &mut m, &[], 0, 101), "empty");
+    idx.match_prefix(&[1, 2, 3], &mut m);
+    assert_eq!(idx.last_used_matched(&m, 0), Some(100));
+    assert_eq!(idx.last_used_matched(&m, 1), None);
+}
+
 /// One insert as the gateway sees it: a backend, a path and the time since the
 /// previous insert.
 fn timed_insert() -> impl Strategy<Value = (usize, Vec<u8>, u64)> {

@@ -34,9 +34,28 @@ pub(super) fn choose(
     split: &DisaggConfig,
     excluded: &[usize],
 ) -> Result<Choice, GatewayError> {
-    fill_candidates(shard, blocks, model, media, None, excluded, Pool::Prefill)?;
+    let now = std::time::Instant::now();
+    fill_candidates(
+        shard,
+        now,
+        blocks,
+        model,
+        media,
+        None,
+        excluded,
+        Pool::Prefill,
+    )?;
     let prefill: Vec<Candidate> = shard.candidates.borrow().clone();
-    fill_candidates(shard, blocks, model, media, None, excluded, Pool::Decode)?;
+    fill_candidates(
+        shard,
+        now,
+        blocks,
+        model,
+        media,
+        None,
+        excluded,
+        Pool::Decode,
+    )?;
     let fleet = shard.fleet.borrow();
     let decode: Vec<DecodeCandidate> = shard
         .candidates
