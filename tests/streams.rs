@@ -210,7 +210,14 @@ fn graceful_shutdown_finishes_streams_in_flight(io: &str) {
     let addr = gw.local_addr();
     let mut c = Client::connect(addr);
     c.send(&post_bytes("/v1/chat/completions", &stream_body(40), &[]));
-    // Wait for the stream to start, then stop the gateway while it runs.
+    // Wait for the stream to start (its shard has it in flight to the engine), then
+    // stop the gateway while it runs. (A request still in the listen backlog when the
+    // listeners close is the kernel's to refuse, not a stream in flight.)
+    let started = eventually(Duration::from_secs(5), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_backend_in_flight{backend=\"e0\"}") == Some(1.0)
+    });
+    assert!(started, "the stream never started");
     let mut idle = Client::connect(addr);
     assert_eq!(idle.get("/health").status, 200);
     let stopper = std::thread::spawn(move || gw.shutdown());
