@@ -21,7 +21,8 @@ use std::fmt;
 pub const MAX_JSON_DEPTH: usize = 128;
 
 /// Arena capacity kept between requests; a larger one (an unusually long escaped
-/// body) is freed after the parse instead of pinning its memory to the shard.
+/// body) is dropped when the next scan starts instead of pinning its memory to the
+/// shard.
 const ARENA_KEEP_BYTES: usize = 1 << 20;
 
 /// Why a body is not JSON the gateway accepts.
@@ -313,10 +314,8 @@ impl Scanner<'_> {
             i += special_byte(&b[i..]);
         }
         self.tape.arena.push_str(as_str(&b[from..i]));
+        // Unescaping never lengthens text, so arena offsets fit in u32 like the body's.
         let arena_end = self.tape.arena.len();
-        if u32::try_from(arena_end).is_err() {
-            return Err(syntax("body too large to scan", open));
-        }
         self.push(Kind::EscapedStr, arena_start, arena_end);
         Ok(i + 1)
     }
