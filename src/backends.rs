@@ -15,7 +15,7 @@
 
 use crate::config::{BackendConfig, Config, DisaggConfig};
 use crate::openai::ModelTable;
-use radixgate_orchestrator::PolicyConfig;
+use radixgate_orchestrator::{PolicyConfig, RouterConfig};
 use std::sync::Arc;
 
 /// Backend slots a gateway can hold over its life (the in-flight counters are
@@ -165,18 +165,24 @@ impl BackendTable {
 pub struct LiveConfig {
     pub config: Config,
     pub backends: BackendTable,
-    pub policy: PolicyConfig,
+    /// The router's settings (the policies' input included), derived from both.
+    pub router: RouterConfig,
     /// `split[model]`: the model's split-pool settings, `None` when served whole.
     pub split: Vec<Option<Arc<DisaggConfig>>>,
 }
 
 impl LiveConfig {
     pub fn new(config: Config, backends: BackendTable) -> Self {
-        let policy = PolicyConfig {
-            backend_ids: backends.ids(),
-            hash_load_factor: config.routing.hash_load_factor,
-            hash_virtual_nodes: config.routing.hash_virtual_nodes,
-            prefix: config.routing.prefix_aware.clone(),
+        let router = RouterConfig {
+            policy: PolicyConfig {
+                backend_ids: backends.ids(),
+                hash_load_factor: config.routing.hash_load_factor,
+                hash_virtual_nodes: config.routing.hash_virtual_nodes,
+                prefix: config.routing.prefix_aware.clone(),
+            },
+            index_touch_ms: config.routing.index_touch_ms,
+            rag_chunk_weight: config.routing.rag_chunk_weight,
+            half_open_probes: config.breaker.half_open_probes,
         };
         let split = backends
             .models()
@@ -187,7 +193,7 @@ impl LiveConfig {
         Self {
             config,
             backends,
-            policy,
+            router,
             split,
         }
     }

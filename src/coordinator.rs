@@ -15,10 +15,10 @@ use crate::backends::LiveConfig;
 use crate::config::{BackendConfig, Config};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
-use crate::replica::{IndexEvent, IndexOp, SessionTable};
+use crate::replica::{new_replica, IndexEvent, IndexOp};
 use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
-use radixgate_orchestrator::{Breaker, BreakerConfig, IndexConfig, PrefixIndex};
+use radixgate_orchestrator::{Breaker, BreakerConfig, Replica};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -58,9 +58,8 @@ pub struct Coordinator {
     draining: Vec<bool>,
     engine: Vec<Option<EngineLoad>>,
     capacity: Vec<usize>,
-    index: PrefixIndex,
-    sessions: SessionTable,
-    chunks: radixgate_orchestrator::ChunkIndex,
+    /// The authoritative replica.
+    replica: Replica,
 }
 
 impl Coordinator {
@@ -70,12 +69,7 @@ impl Coordinator {
         followers: Vec<Sender<Arc<LiveConfig>>>,
     ) -> Self {
         let n = live.backends.len();
-        let index = new_index(&shared.config, &live);
-        let sessions = SessionTable::new(
-            shared.config.routing.session_ttl.as_millis() as u64,
-            shared.config.routing.max_sessions,
-        );
-        let shared_rag_max_chunks = shared.config.routing.rag_max_chunks;
+        let replica = new_replica(&shared.config, &live);
         let capacity = (0..n)
             .map(|b| live.backends.config(b).cache_blocks)
             .collect();
@@ -92,9 +86,7 @@ impl Coordinator {
             version: 0,
             draining: vec![false; n],
             engine: vec![None; n],
-            index,
-            sessions,
-            chunks: radixgate_orchestrator::ChunkIndex::new(shared_rag_max_chunks),
+            replica,
         }
     }
 
@@ -174,10 +166,10 @@ impl Coordinator {
     }
 
     fn apply_and_fan_out(&mut self, event: IndexEvent) {
-        event.apply(&mut self.index, &mut self.sessions, &mut self.chunks);
+        self.replica.apply(&event.op);
         self.shared
             .index_blocks
-            .store(self.index.total_blocks() as u64, Ordering::Relaxed);
+            .store(self.replica.index.total_blocks() as u64, Ordering::Relaxed);
         let event = Arc::new(event);
         for (k, shard) in self.shared.shard_commands.iter().enumerate() {
             if k != event.origin_shard && shard.send(ShardCommand::Replicate(event.clone())).is_ok()
@@ -227,14 +219,14 @@ impl Coordinator {
                     .live
                     .backends
                     .live()
-                    .map(|(i, b)| (b.id.clone(), json!(self.index.held_blocks(i))))
+                    .map(|(i, b)| (b.id.clone(), json!(self.replica.index.held_blocks(i))))
                     .collect();
                 let sent: Vec<u64> = (0..shared.shard_commands.len())
                     .map(|k| shared.replica_sent.get(k))
                     .collect();
                 let _ = reply.send(json!({
-                    "blocks": self.index.total_blocks(),
-                    "nodes": self.index.node_count(),
+                    "blocks": self.replica.index.total_blocks(),
+                    "nodes": self.replica.index.node_count(),
                     "max_blocks": shared.config.routing.index_max_blocks,
                     "blocks_per_backend": per_backend,
                     "events_received": shared.coordinator_received.load(Ordering::Relaxed),
@@ -287,7 +279,7 @@ impl Coordinator {
                 "kv_usage": e.kv_usage,
                 "cache_tokens": e.cache_tokens,
             })),
-            "blocks_held": self.index.held_blocks(b),
+            "blocks_held": self.replica.index.held_blocks(b),
             "capacity_blocks": self.capacity[b],
             "draining": self.draining[b],
             "drained": self.draining[b] && in_flight == 0,
@@ -361,17 +353,6 @@ fn breaker_config(config: &Config) -> BreakerConfig {
         failure_threshold: config.breaker.failure_threshold,
         open_ms: config.breaker.open.as_millis() as u64,
     }
-}
-
-/// A prefix index with every live backend declared at its configured capacity.
-pub fn new_index(config: &Config, live: &LiveConfig) -> PrefixIndex {
-    let mut index = PrefixIndex::new(IndexConfig {
-        max_blocks: config.routing.index_max_blocks,
-    });
-    for (i, b) in live.backends.live() {
-        index.set_capacity(i, b.cache_blocks);
-    }
-    index
 }
 
 /// The probe thread: health-checks every live backend each `health.interval` and

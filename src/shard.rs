@@ -2,14 +2,14 @@
 //! SO_REUSEPORT listener and all of its request-path state.
 //!
 //! Everything a request touches lives here, owned by the shard's thread (`Rc`,
-//! `RefCell`): the routing policies and RNG, the upstream connection pool, the
+//! `RefCell`): the router and its index replica, the upstream connection pool, the
 //! parsing scratch, the metrics. The only cross-thread state on the request path is
 //! the immutable [`Shared`] (start-up config, tenants) and the relaxed in-flight
 //! counters. The coordinator reaches a shard through its command channel: new fleet
 //! snapshots (which carry the backend table and live settings), index events,
 //! metric collection. A snapshot with new live settings is installed between
 //! requests: per-backend state grows to the new slots, retired backends' pooled
-//! connections close, and the policies are rebuilt.
+//! connections close, and the router is reconfigured.
 
 use crate::backends::MAX_BACKEND_SLOTS;
 use crate::config::{Config, Hashing};
@@ -20,14 +20,10 @@ use crate::openai::BodyParser;
 use crate::pending_prefill::PendingPrefill;
 use crate::pool::UpstreamPool;
 use crate::proxy::queue::EdgeQueue;
-use crate::replica::{IndexEvent, ReplicaSent, SessionTable};
+use crate::replica::{new_replica, IndexEvent, ReplicaSent};
 use crate::tenants::{Bucket, KeyTable, Tenant};
 use crate::token_mode::TokenHasher;
-use radixgate_orchestrator::policy::prefix_aware::PrefixAware;
-use radixgate_orchestrator::{
-    build_policy, Candidate, Policy, PolicyConfig, PolicyName, PrefixIndex, PrefixMatch,
-    PromptHasher, RetryBudget,
-};
+use radixgate_orchestrator::{PromptHasher, Replica, RetryBudget, Router};
 use std::cell::{Cell, Ref, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
@@ -166,29 +162,16 @@ pub enum ShardCommand {
     CollectMetrics(flume::Sender<ShardMetrics>),
 }
 
-/// One policy instance per name, built on first use.
-pub struct PolicySet {
-    policies: [Option<Policy>; PolicyName::ALL.len()],
-}
-
-impl PolicySet {
-    fn new() -> Self {
-        Self {
-            policies: Default::default(),
-        }
-    }
-
-    pub fn get(&mut self, name: PolicyName, config: &PolicyConfig) -> &mut Policy {
-        let slot = PolicyName::ALL.iter().position(|n| *n == name).unwrap_or(0);
-        self.policies[slot].get_or_insert_with(|| build_policy(name, config))
-    }
-}
-
 pub struct Shard {
     pub id: usize,
     pub shared: Arc<Shared>,
     pub fleet: RefCell<Arc<FleetSnapshot>>,
-    pub policies: RefCell<PolicySet>,
+    /// Makes every routing decision (and SLO admission's estimate) for this shard.
+    pub router: RefCell<Router>,
+    /// This shard's replica of the prefix index, session bindings and RAG chunk
+    /// holdings.
+    pub replica: RefCell<Replica>,
+    /// Request ids and SGLang bootstrap rooms (routing has its own).
     pub rng: RefCell<fastrand::Rng>,
     pub pool: RefCell<UpstreamPool>,
     pub metrics: RefCell<ShardMetrics>,
@@ -198,17 +181,8 @@ pub struct Shard {
     pub hasher: RefCell<PromptHasher>,
     /// Tokens mode only: the token-id blocks that replace the byte blocks.
     pub tokens: Option<RefCell<TokenHasher>>,
-    pub candidates: RefCell<Vec<Candidate>>,
-    /// The `prefix_aware` cost model, for admission's TTFT estimate under any policy.
-    pub cost_model: PrefixAware,
     /// Requests admitted but waiting for a backend with room (`admission.queue_capacity`).
     pub edge_queue: EdgeQueue,
-    /// This shard's replica of the prefix index.
-    pub index: RefCell<PrefixIndex>,
-    pub matches: RefCell<PrefixMatch>,
-    pub sessions: RefCell<SessionTable>,
-    /// Which backends were sent which RAG chunks (replicated like the index).
-    pub chunks: RefCell<radixgate_orchestrator::ChunkIndex>,
     /// Learned prefill cost per backend, ns per uncached prompt token (0 = unknown).
     pub prefill_ns: RefCell<Vec<u32>>,
     /// Requests this shard has in flight to each half-open backend (its probes).
@@ -232,8 +206,8 @@ impl Shard {
         let c = &shared.config;
         let backends = fleet.live.backends.len();
         let models = fleet.live.backends.models().names().len();
-        let index = crate::coordinator::new_index(&shared.config, &fleet.live);
-        let cost_model = PrefixAware::new(&fleet.live.policy.prefix);
+        let replica = new_replica(&shared.config, &fleet.live);
+        let router = Router::new(fleet.live.router.clone(), 0x5eed ^ id as u64);
         let mut hasher = PromptHasher::new(c.routing.block_bytes);
         let tokens = match &c.routing.hashing {
             Hashing::Bytes => None,
@@ -252,8 +226,9 @@ impl Shard {
         Rc::new(Shard {
             id,
             fleet: RefCell::new(fleet),
-            policies: RefCell::new(PolicySet::new()),
-            rng: RefCell::new(fastrand::Rng::with_seed(0x5eed ^ id as u64)),
+            router: RefCell::new(router),
+            replica: RefCell::new(replica),
+            rng: RefCell::new(fastrand::Rng::with_seed(0x1d5 ^ id as u64)),
             pool: RefCell::new(UpstreamPool::new(
                 backends,
                 c.upstream.pool_max_idle,
@@ -263,18 +238,7 @@ impl Shard {
             parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(hasher),
             tokens,
-            candidates: RefCell::new(Vec::with_capacity(backends)),
-            cost_model,
             edge_queue: EdgeQueue::new(c.admission.queue_capacity),
-            index: RefCell::new(index),
-            matches: RefCell::new(PrefixMatch::default()),
-            chunks: RefCell::new(radixgate_orchestrator::ChunkIndex::new(
-                c.routing.rag_max_chunks,
-            )),
-            sessions: RefCell::new(SessionTable::new(
-                c.routing.session_ttl.as_millis() as u64,
-                c.routing.max_sessions,
-            )),
             prefill_ns: RefCell::new(vec![0; backends]),
             probes: RefCell::new(vec![0; backends]),
             last_failed: RefCell::new(vec![false; backends]),
@@ -374,7 +338,7 @@ impl Shard {
             }
         }
         drop(pool);
-        *self.policies.borrow_mut() = PolicySet::new();
+        self.router.borrow_mut().reconfigure(after.router.clone());
         let (r0, r1) = (&before.config.retry, &after.config.retry);
         if (r0.budget_ratio, r0.min_retries_per_sec) != (r1.budget_ratio, r1.min_retries_per_sec) {
             *self.retry_budget.borrow_mut() = RetryBudget::new(
@@ -391,11 +355,7 @@ impl Shard {
             match cmd {
                 ShardCommand::Fleet(snapshot) => self.install(snapshot),
                 ShardCommand::Replicate(event) => {
-                    event.apply(
-                        &mut self.index.borrow_mut(),
-                        &mut self.sessions.borrow_mut(),
-                        &mut self.chunks.borrow_mut(),
-                    );
+                    self.replica.borrow_mut().apply(&event.op);
                     let mut m = self.metrics.borrow_mut();
                     m.replica_applied += 1;
                     m.replica_age.observe(event.created.elapsed());
@@ -403,7 +363,7 @@ impl Shard {
                 ShardCommand::CollectMetrics(reply) => {
                     let mut copy = self.metrics.borrow().clone();
                     copy.shard = self.id;
-                    copy.replica_blocks = self.index.borrow().total_blocks() as u64;
+                    copy.replica_blocks = self.replica.borrow().index.total_blocks() as u64;
                     copy.prefill_ns = self.prefill_ns.borrow().clone();
                     copy.queue_depth = self.edge_queue.len() as u64;
                     copy.open_connections = self.conns.len() as u64;

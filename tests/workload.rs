@@ -114,12 +114,23 @@ fn follow_ups_about_an_image_meet_its_engine(io: &str) {
     let home = first.header("x-router-backend").unwrap().to_string();
     for q in ["b", "c", "d"] {
         let r = Client::connect(addr).post("/v1/chat/completions", &image_question(url, q), &[]);
-        assert_eq!(r.header("x-router-backend"), Some(home.as_str()));
+        assert_eq!(
+            r.header("x-router-backend"),
+            Some(home.as_str()),
+            "{:?} {:?}",
+            r.header("x-router-reason"),
+            r.header("x-router-matched-blocks")
+        );
         assert_eq!(r.header("x-router-reason"), Some("longest-prefix"));
     }
     let r = Client::connect(addr).post("/v1/chat/completions", &audio_question("x"), &[]);
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-router-backend"), Some("v2"));
+    assert_eq!(
+        r.header("x-router-backend"),
+        Some("v2"),
+        "{:?}",
+        r.header("x-router-reason")
+    );
 }
 both_drivers!(follow_ups_about_an_image_meet_its_engine);
 

@@ -2,12 +2,13 @@
 //!
 //! This crate knows nothing of sockets, runtimes, clocks or logs. The gateway (`src/`)
 //! parses a request, feeds its prompt to a [`PromptHasher`] to get chained block
-//! hashes and an affinity key, hands a [`RoutingPolicy`] the candidate backends with
-//! their in-flight counts and a seeded RNG, and gets back a [`Pick`] with its
-//! [`Reason`]; [`admission`] decides, before that, whether the request may go at
-//! all. Logging and metrics about the pick happen in the caller. The simulator
-//! in `bench/` replays the very same code, so decisions stay unit-testable and
-//! reproducible.
+//! hashes and an affinity key, and asks its [`Router`] — the one place a routing
+//! decision is composed — for a [`Decision`] over its [`Replica`] of the prefix index
+//! and a [`FleetView`] of the backends; the decision carries the [`IndexOp`]s to apply
+//! everywhere. [`admission`] decides, before that, whether the request may go at all
+//! (with the router's estimate). Logging and metrics happen in the caller. The
+//! simulators in `bench/` call the very same [`Router`], so what they measure is what
+//! the gateway does.
 
 pub mod admission;
 pub mod breaker;
@@ -20,8 +21,9 @@ pub mod policy;
 pub mod prompt;
 pub mod quota;
 pub mod rag;
+pub mod replica;
 pub mod retry;
-pub mod route;
+pub mod router;
 
 pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
@@ -35,4 +37,9 @@ pub use policy::{
 };
 pub use prompt::{model_seed, PromptHasher};
 pub use rag::{ChunkIndex, ChunkPick};
+pub use replica::{IndexOp, Replica, SessionTable};
 pub use retry::RetryBudget;
+pub use router::{
+    BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role, RouteError,
+    Router, RouterConfig, RoutingFacts,
+};

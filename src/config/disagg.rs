@@ -14,36 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A backend's part in a split pool (`backends[].role`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Role {
-    /// Serves requests whole (the default).
-    #[default]
-    Both,
-    /// Only computes prompts and hands their KV over.
-    Prefill,
-    /// Decodes from handed-over KV; may also serve whole requests locally.
-    Decode,
-}
-
-impl Role {
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "both" => Some(Role::Both),
-            "prefill" => Some(Role::Prefill),
-            "decode" => Some(Role::Decode),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Both => "both",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
+/// A backend's part in a split pool (`backends[].role`): routing's own type.
+pub use radixgate_orchestrator::Role;
 
 /// How the two legs of a split request are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

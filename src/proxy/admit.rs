@@ -1,8 +1,9 @@
 //! TTFT-budget admission at the edge, between the tenant's quotas and routing.
 //!
 //! The budget is the request's `X-SLO-TTFT-Ms`, else its tier's `ttft_budget_ms`. The
-//! shard builds the candidates it would route over and asks the orchestrator
-//! ([`radixgate_orchestrator::admission`]) with the `prefix_aware` cost model's best
+//! shard asks its router for the estimate over the candidates it would route to
+//! ([`radixgate_orchestrator::Router::estimate`]) and the orchestrator
+//! ([`radixgate_orchestrator::admission`]) for the verdict: the `prefix_aware` cost model's best
 //! estimate — whatever the routing policy, so for the other policies the check is a
 //! lower bound on the TTFT their pick gets: it never refuses a request that could
 //! have met its budget, and may admit one whose pick then misses it. Refusals: 429
@@ -15,7 +16,7 @@
 //! configured skip all of this (no index lookup, no cost).
 
 use super::queue::EdgeQueue;
-use super::route::{fill_candidates, Pool};
+use super::route::{routing_facts, with_fleet};
 use crate::config::TierConfig;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
@@ -23,7 +24,7 @@ use crate::openai::RequestFacts;
 use crate::shard::Shard;
 use monoio::time::Instant;
 use radixgate_orchestrator::admission::{decide, fleet_pressure};
-use radixgate_orchestrator::{AdmissionInput, RouteInput, ShedReason, Verdict};
+use radixgate_orchestrator::{AdmissionInput, PolicyName, ShedReason, Verdict};
 use std::time::Duration;
 
 /// Longest TTFT budget a client may ask for.
@@ -134,21 +135,12 @@ impl Admission<'_> {
         let shared = &shard.shared;
         let cfg = &shared.config.admission;
         // A model left without backends leaves no candidates: routing answers it.
-        let _ = fill_candidates(
-            shard,
-            std::time::Instant::now(),
-            blocks,
-            self.facts.model,
-            &self.facts.media,
-            None,
-            &[],
-            Pool::Whole,
-        );
-        let candidates = shard.candidates.borrow();
-        let estimate = shard.cost_model.best_estimate(&RouteInput {
-            candidates: &candidates,
-            affinity_key: None,
-            prompt_blocks: blocks.len() as u32,
+        let facts = routing_facts(self.facts, PolicyName::PrefixAware, blocks, None, &[], &[]);
+        let estimate = with_fleet(shard, std::time::Instant::now(), |fleet| {
+            shard
+                .router
+                .borrow_mut()
+                .estimate(&shard.replica.borrow(), fleet, &facts)
         });
         let fleet = shard.fleet.borrow();
         let pressure = fleet_pressure(
@@ -164,18 +156,20 @@ impl Admission<'_> {
         let budget_ns = self
             .budget
             .map(|b| b.saturating_sub(self.started.elapsed()).as_nanos() as f64);
-        let verdict = if candidates.is_empty() {
-            // Routing answers "no healthy backend" itself.
-            Verdict::Admit
-        } else {
-            decide(&AdmissionInput {
-                budget_ns,
-                estimate,
-                pressure,
-                shed_pressure: self.tier.shed_pressure,
-                may_wait,
-            })
+        let Some(estimate) = estimate else {
+            // No candidates: routing answers "no healthy backend" itself.
+            return Check {
+                verdict: Verdict::Admit,
+                best_ns: f64::INFINITY,
+            };
         };
+        let verdict = decide(&AdmissionInput {
+            budget_ns,
+            estimate,
+            pressure,
+            shed_pressure: self.tier.shed_pressure,
+            may_wait,
+        });
         Check {
             verdict,
             best_ns: estimate.best_ns,

@@ -9,7 +9,7 @@
 //! descendants.
 
 use super::exchange::Exchange;
-use super::route::{route, ProbeGuard};
+use super::route::{route, routing_facts, ProbeGuard};
 use super::{parse_prompt, with_cache_salt, write_upstream_head_for};
 use crate::error::GatewayError;
 use crate::fleet::InFlightGuard;
@@ -77,7 +77,11 @@ pub async fn call(
     };
     let blocks: Arc<[u64]> = (*shard.prompt_blocks()).into();
     let policy = shard.fleet.borrow().live.config.routing.policy;
-    let route = route(shard, &blocks, &facts, policy, group, &[], &[]).map_err(failed)?;
+    let route = route(
+        shard,
+        &routing_facts(&facts, policy, &blocks, group, &[], &[]),
+    )
+    .map_err(failed)?;
     shard
         .metrics
         .borrow_mut()
@@ -134,7 +138,7 @@ pub async fn call(
         Err(error) => {
             if exchange.status == 0 {
                 // Nothing was cached upstream: forget the belief.
-                route.roll_back(shard);
+                super::route::roll_back(shard, &route);
             }
             shard.report_outcome(backend, false);
             exchange.status = error.status();

@@ -8,7 +8,6 @@
 //! an SSE stream at a chunk boundary, the client gets a final `data: {"error":...}`
 //! event and a properly ended body instead of a cut connection.
 
-use super::route::Route;
 use super::wire::Outgoing;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::chunked::ChunkedDecoder;
@@ -23,6 +22,7 @@ use crate::shard::Shard;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
+use radixgate_orchestrator::Decision;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
@@ -81,7 +81,7 @@ const UPSTREAM_BROKE: Failure = Failure::AfterResponse {
 
 /// Written with `extend_from_slice` and itoa rather than `write!`: `core::fmt` cost
 /// ~2,600 instructions per request across the heads (perf/RESULTS.md).
-pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Route, request_id: &str) {
+pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Decision, request_id: &str) {
     let fleet = shard.fleet.borrow();
     out.extend_from_slice(b"X-Router-Backend: ");
     out.extend_from_slice(fleet.live.backends.id(route.pick.backend).as_bytes());
@@ -191,7 +191,7 @@ impl Exchange<'_> {
         client: &mut TcpStream,
         request: Vec<u8>,
         body: Option<&Rc<Vec<u8>>>,
-        route: &Route,
+        route: &Decision,
         client_keep_alive: bool,
         request_id: &str,
         may_retry: bool,
@@ -478,7 +478,7 @@ impl Exchange<'_> {
 
     /// Metrics, and the closed loop: the index's prediction against the engine's
     /// reported cached tokens, and the backend's prefill cost learned from TTFT.
-    pub fn record(&self, facts: &RequestFacts, route: &Route) {
+    pub fn record(&self, facts: &RequestFacts, route: &Decision) {
         let shard = self.shard;
         let backend = route.pick.backend;
         let mut m = shard.metrics.borrow_mut();

@@ -32,8 +32,9 @@ use exchange::{router_headers, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
+use radixgate_orchestrator::Decision;
 use radixgate_orchestrator::PolicyName;
-use route::{policy_for, route, ProbeGuard};
+use route::{policy_for, route, routing_facts, ProbeGuard};
 use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -440,7 +441,7 @@ async fn attempt_all(
     shard.retry_budget.borrow_mut().deposit(shared.now_ms());
     let mut attempt = 0;
     // The failure that led to the current retry, answered if no backend is left.
-    let mut previous: Option<(GatewayError, route::Route)> = None;
+    let mut previous: Option<(GatewayError, Decision)> = None;
     // The prompt's blocks once the shard's scratch can no longer be trusted (after
     // an await, another request on this shard may have reused it).
     let mut carried = req.blocks.clone();
@@ -449,15 +450,20 @@ async fn attempt_all(
         let excluded_now = &excluded[..attempt - 1];
         let route_span = crate::trace::start_child(&TraceContext::of(head));
         let routed = match &carried {
-            Some(b) => route(shard, b, facts, policy, session, req.chunks, excluded_now),
+            Some(b) => route(
+                shard,
+                &routing_facts(facts, policy, b, session, req.chunks, excluded_now),
+            ),
             None => route(
                 shard,
-                &shard.prompt_blocks(),
-                facts,
-                policy,
-                session,
-                req.chunks,
-                excluded_now,
+                &routing_facts(
+                    facts,
+                    policy,
+                    &shard.prompt_blocks(),
+                    session,
+                    req.chunks,
+                    excluded_now,
+                ),
             ),
         };
         let mut route = match routed {
@@ -501,7 +507,7 @@ async fn attempt_all(
         // let other requests reuse the shard's scratch (routing copied them only if it
         // inserted them).
         if retry_possible && carried.is_none() {
-            carried = Some(match &route.blocks {
+            carried = Some(match &route.inserted {
                 Some(b) => b.clone(),
                 None => (*shard.prompt_blocks()).into(),
             });
@@ -565,7 +571,7 @@ async fn attempt_all(
                 return Ok((keep_open, exchange.usage.usage));
             }
             Err(Failure::Retryable(e)) => {
-                route.roll_back(shard);
+                route::roll_back(shard, &route);
                 shard.report_outcome(backend, false);
                 exchange.status = e.status();
                 exchange.record(facts, &route);
@@ -603,7 +609,7 @@ async fn attempt_all(
 fn log(
     shard: &Shard,
     req: &Request<'_>,
-    route: &route::Route,
+    route: &Decision,
     exchange: &Exchange<'_>,
     attempt: usize,
 ) {
@@ -632,7 +638,7 @@ fn log(
 fn log_answer(
     shard: &Shard,
     req: &Request<'_>,
-    route: &route::Route,
+    route: &Decision,
     (backend, status): (usize, u16),
     retries: u32,
 ) {
@@ -650,7 +656,7 @@ fn log_answer(
 }
 
 /// A routed request's access record, without an answer yet.
-fn routed_record(shard: &Shard, req: &Request<'_>, route: &route::Route) -> AccessRecord {
+fn routed_record(shard: &Shard, req: &Request<'_>, route: &Decision) -> AccessRecord {
     AccessRecord {
         shard: shard.id,
         request_id: InlineId::new(req.request_id),
@@ -675,7 +681,7 @@ async fn answer_error(
     shard: &Shard,
     client: &mut TcpStream,
     error: &GatewayError,
-    route: &route::Route,
+    route: &Decision,
     keep_alive: bool,
     request_id: &str,
 ) -> Result<bool, GatewayError> {

@@ -19,12 +19,14 @@
 //! long prompts with short answers (RAG, summarising), half short prompts with long
 //! answers (chat, code), no prefix reuse. Engine choice: co-located takes the engine
 //! with the least pending prefill work plus decode batch; the split modes ask
-//! `decide` with each prefill engine's queue and each decode engine's batch; a
+//! the gateway's `Router::decide_pair` with each prefill engine's queue and each
+//! decode engine's batch; a
 //! conditional "local" request goes to the decode engine with the least work.
 
-use radixgate_orchestrator::disagg::decide;
 use radixgate_orchestrator::{
-    Candidate, DecodeCandidate, DisaggPolicy, PairDecision, PrefixAwareConfig,
+    ChunkIndex, DisaggPolicy, FleetState, IndexConfig, MediaNeeds, PairOutcome, PolicyConfig,
+    PolicyName, PrefixAwareConfig, PrefixIndex, Replica, Role, Router, RouterConfig, RoutingFacts,
+    SessionTable,
 };
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -140,6 +142,33 @@ pub fn run(mode: Mode, seed: u64, requests: usize, rate_per_s: f64) -> Outcome {
         default_prefill_ns_per_token: PREFILL_NS_PER_TOKEN as u32,
         ..PrefixAwareConfig::default()
     };
+    let mut router = Router::new(
+        RouterConfig {
+            policy: PolicyConfig {
+                prefix: cost,
+                ..PolicyConfig::default()
+            },
+            ..RouterConfig::default()
+        },
+        seed,
+    );
+    // No prefix reuse in this workload: the replica stays empty, and a prompt is
+    // its block count of any value.
+    let replica = Replica::new(
+        PrefixIndex::new(IndexConfig { max_blocks: 1 }),
+        SessionTable::new(0, 1),
+        ChunkIndex::new(1),
+    );
+    let longest = reqs.iter().map(|r| r.prompt).max().unwrap_or(0);
+    let prompt = vec![0u64; (longest / TOKENS_PER_BLOCK) as usize];
+    let mut fleet = FleetState::healthy(n);
+    for (e, state) in fleet.states.iter_mut().enumerate() {
+        state.role = if prefill_pool.contains(&e) {
+            Role::Prefill
+        } else {
+            Role::Decode
+        };
+    }
     let work =
         |e: &Engine| e.pending_tokens * PREFILL_NS_PER_TOKEN + e.batch.len() as u64 * STEP_NS;
     while let Some(Reverse((now, event))) = heap.pop() {
@@ -151,35 +180,32 @@ pub fn run(mode: Mode, seed: u64, requests: usize, rate_per_s: f64) -> Outcome {
                         ((0..n).min_by_key(|&e| work(&engines[e])).unwrap_or(0), None)
                     }
                     _ => {
-                        let prefill: Vec<Candidate> = prefill_pool
-                            .iter()
-                            .map(|&e| Candidate {
-                                backend: e,
-                                in_flight: engines[e].prefill.len() as u32,
-                                ..Candidate::default()
-                            })
-                            .collect();
-                        let decode: Vec<DecodeCandidate> = (2..n)
-                            .map(|e| DecodeCandidate {
-                                backend: e,
-                                in_flight: engines[e].batch.len() as u32
-                                    + engines[e].prefill.len() as u32,
-                                ..DecodeCandidate::default()
-                            })
-                            .collect();
-                        let input = radixgate_orchestrator::PairInput {
-                            prefill: &prefill,
-                            decode: &decode,
-                            prompt_blocks: (reqs[i].prompt / TOKENS_PER_BLOCK) as u32,
+                        for (e, state) in fleet.states.iter_mut().enumerate() {
+                            state.in_flight = if prefill_pool.contains(&e) {
+                                engines[e].prefill.len() as u32
+                            } else {
+                                engines[e].batch.len() as u32 + engines[e].prefill.len() as u32
+                            };
+                        }
+                        let facts = RoutingFacts {
+                            model: 0,
+                            policy: PolicyName::PrefixAware,
+                            blocks: &prompt[..(reqs[i].prompt / TOKENS_PER_BLOCK) as usize],
+                            affinity_key: None,
+                            media: &MediaNeeds::TEXT_ONLY,
+                            session: None,
+                            chunks: &[],
+                            excluded: &[],
                         };
-                        match decide(&policy, &cost, &input) {
-                            PairDecision::Split {
-                                prefill, decode, ..
-                            } => {
+                        match router
+                            .decide_pair(&replica, &fleet, &facts, &policy, now / 1_000_000)
+                            .expect("a fleet")
+                        {
+                            PairOutcome::Split { prefill, decode } => {
                                 out.split += 1;
-                                (prefill, Some(decode))
+                                (prefill.pick.backend, Some(decode.pick.backend))
                             }
-                            PairDecision::Local(_) => {
+                            PairOutcome::Local(_) => {
                                 ((2..n).min_by_key(|&e| work(&engines[e])).unwrap_or(2), None)
                             }
                         }

@@ -1,6 +1,6 @@
 //! `radixgate-bench sim --edge fairness|slo`: the gateway's edge decisions —
 //! tenant quota buckets and TTFT-budget admission — in simulated time, running the
-//! orchestrator's own code ([`Bucket`], [`PrefixAware::best_estimate`], [`decide`]).
+//! orchestrator's own code ([`Bucket`], [`Router::estimate`], [`decide`]).
 //!
 //! - **fairness**: a polite tenant sends at its quota, a greedy one at 10× its own
 //!   (equal quotas, Poisson), for `SECONDS` simulated seconds. Per-tenant buckets (the
@@ -18,9 +18,12 @@
 //!   requests that meet their budget among those served, and goodput (met / offered).
 
 use radixgate_orchestrator::admission::decide;
-use radixgate_orchestrator::policy::prefix_aware::PrefixAware;
 use radixgate_orchestrator::quota::Bucket;
-use radixgate_orchestrator::{AdmissionInput, Candidate, PrefixAwareConfig, RouteInput, Verdict};
+use radixgate_orchestrator::{
+    AdmissionInput, ChunkIndex, FleetState, IndexConfig, MediaNeeds, PolicyConfig, PolicyName,
+    PrefixAwareConfig, PrefixIndex, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
+    Verdict,
+};
 use std::fmt::Write;
 use std::path::Path;
 
@@ -111,14 +114,21 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
         }
         jobs.push(((t * 1e9) as u64, rng.u64(500..=3000)));
     }
-    let model = PrefixAware::new(&PrefixAwareConfig {
+    let cost = PrefixAwareConfig {
         tokens_per_block: 1.0,
         default_prefill_ns_per_token: NS_PER_TOKEN as u32,
         // Decode is not modelled: a request ahead costs only its prefill, which the
         // pending prefill tokens carry.
         queue_ns_per_request: 0,
         ..PrefixAwareConfig::default()
-    });
+    };
+    // Nobody holds any prompt: the prompt is `tokens` one-token blocks of any value.
+    let prompt = vec![0u64; 3000];
+    let replica = Replica::new(
+        PrefixIndex::new(IndexConfig { max_blocks: 1 }),
+        SessionTable::new(0, 1),
+        ChunkIndex::new(1),
+    );
     let run = |admission: bool| {
         // Per backend, FIFO: (first-token time, prompt tokens) of the requests it
         // holds that have no first token yet, as the gateway counts them.
@@ -128,9 +138,18 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
         // last became non-empty, and its last first token.
         let (mut since, mut last_first) = (vec![0u64; backends], vec![0u64; backends]);
         let (mut admitted, mut met, mut wrongly_refused) = (0usize, 0usize, 0usize);
-        let mut candidates = Vec::with_capacity(backends);
+        let mut router = Router::new(
+            RouterConfig {
+                policy: PolicyConfig {
+                    prefix: cost.clone(),
+                    ..PolicyConfig::default()
+                },
+                ..RouterConfig::default()
+            },
+            seed,
+        );
+        let mut fleet = FleetState::healthy(backends);
         for &(now, tokens) in &jobs {
-            candidates.clear();
             for (b, q) in queues.iter_mut().enumerate() {
                 while let Some(&(done, _)) = q.front().filter(|&&(done, _)| done <= now) {
                     last_first[b] = last_first[b].max(done);
@@ -141,28 +160,35 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
                 } else {
                     now.saturating_sub(since[b].max(last_first[b]))
                 };
-                candidates.push(Candidate {
-                    pending_prefill_tokens: q.iter().map(|&(_, t)| t as u32).sum(),
-                    prefill_progress_ns: progress,
-                    ..Candidate::new(b, q.len() as u32)
-                });
+                let state = &mut fleet.states[b];
+                state.in_flight = q.len() as u32;
+                state.pending_prefill_tokens = q.iter().map(|&(_, t)| t as u32).sum();
+                state.prefill_progress_ns = progress;
             }
-            let input = RouteInput {
-                candidates: &candidates,
+            let facts = RoutingFacts {
+                model: 0,
+                policy: PolicyName::PrefixAware,
+                blocks: &prompt[..tokens as usize],
                 affinity_key: None,
-                prompt_blocks: tokens as u32,
+                media: &MediaNeeds::TEXT_ONLY,
+                session: None,
+                chunks: &[],
+                excluded: &[],
             };
-            // Where prefix_aware sends a prompt nobody holds: the shortest queue in time.
-            let b = (0..backends)
-                .min_by_key(|&b| model.queue_ns(&candidates[b]) as u64)
-                .unwrap_or(0);
+            // Where prefix_aware sends a prompt nobody holds (the simulated engines
+            // cache nothing, so the decision's index ops are not applied).
+            let b = router
+                .decide(&replica, &fleet, &facts, now / 1_000_000)
+                .expect("a fleet")
+                .pick
+                .backend;
             let start = queues[b].back().map_or(now, |&(done, _)| done).max(now);
             let first_token = start + (tokens as f64 * NS_PER_TOKEN) as u64;
             let meets = (first_token - now) as f64 <= budget_ms * 1e6;
             if admission {
                 let verdict = decide(&AdmissionInput {
                     budget_ns: Some(budget_ms * 1e6),
-                    estimate: model.best_estimate(&input),
+                    estimate: router.estimate(&replica, &fleet, &facts).expect("a fleet"),
                     pressure: 0.0,
                     shed_pressure: None,
                     may_wait: false,

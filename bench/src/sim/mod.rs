@@ -6,11 +6,10 @@
 //! completes (a session's next turn only once its previous turn has completed). Each
 //! request is routed exactly as the gateway routes it: its chat body is hashed by the
 //! orchestrator's [`PromptHasher`] ([`crate::chat::ChatRequest::feed`] mirrors the
-//! gateway's parser), and [`radixgate_orchestrator::route::route`] matches the blocks
-//! in the router's own [`PrefixIndex`] (its belief, with each backend's capacity set to
-//! its engine's), fills the candidates with their in-flight counts (issued, not yet
-//! completed), lets the policy built by [`build_policy`] pick, and inserts the blocks
-//! for the pick. The request then runs on a simulated [`engine::Engine`], whose cache
+//! gateway's parser), and the gateway's own [`Router`] decides over the simulator's
+//! [`Replica`] (its belief, with each backend's capacity set to its engine's) and a
+//! [`FleetState`] holding each backend's in-flight count (issued, not yet completed);
+//! the decision's ops are applied to the replica, as the gateway applies them. The request then runs on a simulated [`engine::Engine`], whose cache
 //! is the truth every hit rate here is measured on.
 //!
 //! What the router sees, as in the gateway: `in_flight` (or, as an experiment, only
@@ -28,13 +27,12 @@
 //! the gateway gives it. Events at equal times run in the order they were scheduled.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::num::NonZeroUsize;
 
-use radixgate_orchestrator::route::{route, RouteRequest, RouteScratch};
 use radixgate_orchestrator::{
-    build_policy, Candidate, IndexConfig, PolicyConfig, PolicyName, PrefixIndex, PromptHasher,
-    Reason,
+    ChunkIndex, FleetState, IndexConfig, MediaNeeds, PolicyConfig, PolicyName, PrefixIndex,
+    PromptHasher, Reason, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
 };
 
 use crate::chat::HashedPrompt;
@@ -154,6 +152,24 @@ enum Event {
     Scrape,
 }
 
+/// A simulated request as the router sees it: a text prompt to the one model.
+pub fn routing_facts(
+    prompt: &HashedPrompt,
+    policy: PolicyName,
+    session: Option<u64>,
+) -> RoutingFacts<'_> {
+    RoutingFacts {
+        model: 0,
+        policy,
+        blocks: &prompt.blocks,
+        affinity_key: prompt.affinity_key,
+        media: &MediaNeeds::TEXT_ONLY,
+        session,
+        chunks: &[],
+        excluded: &[],
+    }
+}
+
 /// Hashes every turn of every session once (the same for every policy).
 pub fn hash_sessions(sessions: &[Session], block_bytes: NonZeroUsize) -> Vec<Vec<HashedPrompt>> {
     let mut hasher = PromptHasher::new(block_bytes);
@@ -175,8 +191,13 @@ pub fn run(
     if policy_cfg.backend_ids.len() != cfg.backends {
         policy_cfg.backend_ids = backend_ids(cfg.backends);
     }
-    let mut policy = build_policy(policy_name, &policy_cfg);
-    let mut rng = fastrand::Rng::with_seed(mix(&[cfg.seed, policy_name as u64]));
+    let mut router = Router::new(
+        RouterConfig {
+            policy: policy_cfg,
+            ..RouterConfig::default()
+        },
+        mix(&[cfg.seed, policy_name as u64]),
+    );
     let mut index = PrefixIndex::new(IndexConfig {
         max_blocks: 1 << 20,
     });
@@ -186,11 +207,16 @@ pub fn run(
             Engine::new(cfg.cache_blocks, cfg.prefill_slots)
         })
         .collect();
-    let mut scratch = RouteScratch::default();
+    // Sessions never expire within a run.
+    let mut replica = Replica::new(
+        index,
+        SessionTable::new(u64::MAX, usize::MAX),
+        ChunkIndex::new(1),
+    );
+    let mut fleet = FleetState::healthy(cfg.backends);
     let mut in_flight = vec![0u32; cfg.backends];
     let mut awaiting = vec![0u32; cfg.backends];
     let mut pending_prefill = vec![0u32; cfg.backends];
-    let mut session_home: HashMap<usize, usize> = HashMap::new();
     let tokens_per_block = cfg.tokens_per_block();
 
     let mut result = RunResult::new(cfg.backends);
@@ -224,47 +250,29 @@ pub fn run(
                 break;
             };
             let prompt = &prompts[s][t];
-            let home = if cfg.session_ids && sessions[s].has_session_id {
-                session_home.get(&s).copied()
-            } else {
-                None
-            };
+            let session = (cfg.session_ids && sessions[s].has_session_id).then_some(s as u64);
             let load = match cfg.load_signal {
                 LoadSignal::InFlight => &in_flight,
                 LoadSignal::AwaitingFirstToken => &awaiting,
             };
-            let fleet = (0..cfg.backends).map(|b| Candidate {
-                engine_waiting: scraped_waiting[b],
-                pending_prefill_tokens: if cfg.pending_prefill {
+            for (b, state) in fleet.states.iter_mut().enumerate() {
+                state.in_flight = load[b];
+                state.engine_waiting = scraped_waiting[b];
+                state.pending_prefill_tokens = if cfg.pending_prefill {
                     pending_prefill[b]
                 } else {
                     0
-                },
-                ..Candidate::new(b, load[b])
-            });
-            let request = RouteRequest {
-                blocks: &prompt.blocks,
-                affinity_key: prompt.affinity_key,
-                session_home: home,
-            };
-            let routed = route(
-                &mut policy,
-                &mut index,
-                fleet,
-                &request,
-                now / 1_000_000,
-                &mut rng,
-                &mut scratch,
-            )
-            .expect("the fleet is never empty");
-            let b = routed.pick.backend;
-            if cfg.session_ids && sessions[s].has_session_id {
-                session_home.insert(s, b);
+                };
             }
-            let predicted_uncached = prompt
-                .tokens()
-                .saturating_sub(u64::from(routed.matched_blocks) * tokens_per_block)
-                as u32;
+            let facts = routing_facts(prompt, policy_name, session);
+            let mut routed = router
+                .decide(&replica, &fleet, &facts, now / 1_000_000)
+                .expect("the fleet is never empty");
+            for op in routed.ops.take() {
+                replica.apply(&op);
+            }
+            let b = routed.pick.backend;
+            let predicted_uncached = routed.uncached_tokens;
             in_flight[b] += 1;
             awaiting[b] += 1;
             pending_prefill[b] += predicted_uncached;

@@ -1,14 +1,13 @@
 //! `radixgate-bench sim --scheduling`: the workload-aware placements — RAG chunk
 //! affinity and cache-aware DAG node placement — against round-robin, in simulated
-//! time, running the orchestrator's own code (the policy from [`build_policy`] over the
-//! [`PrefixIndex`], [`ChunkIndex::pick`] and [`with_chunk_affinity`],
-//! [`canonical_chunks`], [`render_context`], [`PromptHasher`]).
+//! time, running the orchestrator's own code: the gateway's [`Router`] (policy, chunk
+//! affinity, session binding of a map step's siblings) over a [`Replica`], and
+//! [`canonical_chunks`], [`render_context`], [`PromptHasher`].
 //!
 //! Each backend is one FIFO server with an [`EngineCache`] (the truth hit rates are
 //! measured on): a request's service time is its uncached prompt tokens × the prefill
 //! cost plus a fixed decode time; `in_flight` is the requests routed to it and not
-//! finished. The router keeps its own [`PrefixIndex`] and [`ChunkIndex`], as a shard
-//! does.
+//! finished. The router keeps its own [`Replica`], as a shard does.
 //!
 //! - **rag**: queries arrive every `RAG_GAP_NS`, each drawing `k` distinct chunks of a
 //!   corpus of `N` with Zipf(α) popularity, normalised exactly as the gateway does
@@ -30,10 +29,10 @@ use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 use std::num::NonZeroUsize;
 
-use radixgate_orchestrator::rag::{canonical_chunks, render_context, with_chunk_affinity};
+use radixgate_orchestrator::rag::{canonical_chunks, render_context};
 use radixgate_orchestrator::{
-    build_policy, Candidate, ChunkIndex, EngineCache, IndexConfig, Policy, PolicyConfig,
-    PolicyName, PrefixIndex, PrefixMatch, PromptHasher, RouteInput, RoutingPolicy,
+    ChunkIndex, EngineCache, FleetState, IndexConfig, MediaNeeds, PolicyConfig, PolicyName,
+    PrefixIndex, PromptHasher, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
 };
 
 const BACKENDS: usize = 4;
@@ -81,17 +80,16 @@ impl Placement {
 /// The fleet and the router's beliefs about it.
 struct Fleet {
     placement: Placement,
-    policy: Policy,
-    index: PrefixIndex,
-    chunks: ChunkIndex,
+    policy: PolicyName,
+    router: Router,
+    replica: Replica,
+    fleet: FleetState,
     caches: Vec<EngineCache>,
     free_at: Vec<u64>,
     finishes: Vec<Vec<u64>>,
     /// Per backend: (first-token time, predicted uncached tokens) of its requests
     /// without a first token yet, the gateway's pending prefill.
     pending: Vec<Vec<(u64, u32)>>,
-    matches: PrefixMatch,
-    rng: fastrand::Rng,
     prompt_tokens: u64,
     cached_tokens: u64,
     last_finish: u64,
@@ -122,19 +120,27 @@ impl Fleet {
         for b in 0..BACKENDS {
             index.set_capacity(b, CACHE_BLOCKS);
         }
+        let router = RouterConfig {
+            policy: config,
+            rag_chunk_weight: CHUNK_WEIGHT,
+            ..RouterConfig::default()
+        };
         Self {
             placement,
-            policy: build_policy(name, &config),
-            index,
-            chunks: ChunkIndex::new(1 << 16),
+            policy: name,
+            router: Router::new(router, seed),
+            replica: Replica::new(
+                index,
+                SessionTable::new(u64::MAX, usize::MAX),
+                ChunkIndex::new(1 << 16),
+            ),
+            fleet: FleetState::healthy(BACKENDS),
             caches: (0..BACKENDS)
                 .map(|_| EngineCache::new(CACHE_BLOCKS))
                 .collect(),
             free_at: vec![0; BACKENDS],
             finishes: vec![Vec::new(); BACKENDS],
             pending: vec![Vec::new(); BACKENDS],
-            matches: PrefixMatch::default(),
-            rng: fastrand::Rng::with_seed(seed),
             prompt_tokens: 0,
             cached_tokens: 0,
             last_finish: 0,
@@ -146,52 +152,46 @@ impl Fleet {
     }
 
     /// Routes and runs one request arriving at `t`; returns its finish time and
-    /// backend. `home`: the backend its session (a workflow's sibling group) is bound to.
+    /// backend. `group`: its session (a workflow's sibling group), as the gateway
+    /// hashes it.
     fn submit(
         &mut self,
         t: u64,
         blocks: &[u64],
         chunks: &[u64],
-        home: Option<usize>,
+        group: Option<u64>,
     ) -> (u64, usize) {
-        let loads: Vec<Candidate> = (0..BACKENDS)
-            .map(|b| {
-                self.finishes[b].retain(|&f| f > t);
-                self.pending[b].retain(|&(first, _)| first > t);
-                Candidate {
-                    pending_prefill_tokens: self.pending[b].iter().map(|&(_, n)| n).sum(),
-                    session_home: home == Some(b),
-                    ..Candidate::new(b, self.finishes[b].len() as u32)
-                }
-            })
-            .collect();
-        let now_ms = t / 1_000_000;
-        // As the gateway decides (`src/proxy/route.rs`): the policy over the index's
-        // matches, then chunk affinity where the policy followed no cached prefix.
-        self.index.match_prefix(blocks, &mut self.matches);
-        let candidates: Vec<Candidate> = loads
-            .iter()
-            .map(|c| Candidate {
-                matched_blocks: self.matches.matched.get(c.backend).copied().unwrap_or(0),
-                ..*c
-            })
-            .collect();
-        let input = RouteInput {
-            candidates: &candidates,
-            affinity_key: blocks.first().copied(),
-            prompt_blocks: blocks.len() as u32,
-        };
-        let mut pick = self.policy.pick(&input, &mut self.rng).expect("a fleet");
-        if self.placement == Placement::ChunkAffinity && !chunks.is_empty() {
-            let chunk_pick = self.chunks.pick(&candidates, chunks, CHUNK_WEIGHT);
-            pick = with_chunk_affinity(pick, chunk_pick);
+        for (b, state) in self.fleet.states.iter_mut().enumerate() {
+            self.finishes[b].retain(|&f| f > t);
+            self.pending[b].retain(|&(first, _)| first > t);
+            state.in_flight = self.finishes[b].len() as u32;
+            state.pending_prefill_tokens = self.pending[b].iter().map(|&(_, n)| n).sum();
         }
-        let backend = pick.backend;
-        let matched = candidates[backend].matched_blocks as usize;
-        let predicted_uncached =
-            (blocks.len().saturating_sub(matched) as u64 * TOKENS_PER_BLOCK) as u32;
-        self.index.insert(backend, blocks, now_ms);
-        self.chunks.insert(backend, chunks, now_ms);
+        let now_ms = t / 1_000_000;
+        let routed_chunks = if self.placement == Placement::ChunkAffinity {
+            chunks
+        } else {
+            &[]
+        };
+        let facts = RoutingFacts {
+            model: 0,
+            policy: self.policy,
+            blocks,
+            affinity_key: blocks.first().copied(),
+            media: &MediaNeeds::TEXT_ONLY,
+            session: group,
+            chunks: routed_chunks,
+            excluded: &[],
+        };
+        let mut decision = self
+            .router
+            .decide(&self.replica, &self.fleet, &facts, now_ms)
+            .expect("a fleet");
+        for op in decision.ops.take() {
+            self.replica.apply(&op);
+        }
+        let backend = decision.pick.backend;
+        let predicted_uncached = decision.uncached_tokens;
         let held = &mut self.chunk_caches[backend];
         for id in chunks {
             self.tick += 1;
@@ -378,13 +378,11 @@ fn dag_run(placement: Placement, flows: &[Workflow], seed: u64) -> (f64, f64, f6
                 push(&mut events, done, Step::Maps(w));
             }
             Step::Maps(w) => {
-                // Siblings share a session key in the gateway (`src/workflow.rs`):
+                // Siblings share a session key, as in the gateway (`src/workflow.rs`):
                 // the first one's backend is their home.
-                let mut home = None;
                 let mut done = t;
                 for m in &flows[w].maps {
-                    let (finish, backend) = fleet.submit(t, m, &[], home);
-                    home = home.or(Some(backend));
+                    let (finish, _) = fleet.submit(t, m, &[], Some(w as u64));
                     done = done.max(finish);
                 }
                 push(&mut events, done, Step::Reduce(w));

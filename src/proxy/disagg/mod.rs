@@ -25,7 +25,7 @@ mod body;
 mod pair;
 
 use super::exchange::{router_headers, Exchange, Failure};
-use super::route::{ProbeGuard, Route};
+use super::route::{roll_back, ProbeGuard};
 use super::{answer_error, attempt_all, log, log_answer, write_upstream_head, Request};
 use crate::config::{DisaggConfig, Protocol};
 use crate::error::{ErrorKind, GatewayError};
@@ -37,8 +37,7 @@ use crate::trace::{ChildSpan, SpanKind, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use pair::Choice;
-use radixgate_orchestrator::{LocalWhy, Reason};
+use radixgate_orchestrator::{Decision, LocalWhy, PairOutcome, Reason};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,7 +73,7 @@ pub(super) async fn forward(
     let (mut prefill_failures, mut decode_failures) = (0, 0);
     // The failure that led to the current retry: the error, the pair's decode route
     // (its headers name both ends) and the failed leg.
-    let mut last: Option<(GatewayError, Route, Leg)> = None;
+    let mut last: Option<(GatewayError, Decision, Leg)> = None;
     loop {
         let route_span = crate::trace::start_child(&TraceContext::of(req.head));
         let (prefill, decode) = match pair::choose(
@@ -85,8 +84,8 @@ pub(super) async fn forward(
             split,
             &excluded,
         ) {
-            Ok(Choice::Split { prefill, decode }) => (prefill, decode),
-            Ok(Choice::Local(why)) => {
+            Ok(PairOutcome::Split { prefill, decode }) => (prefill, decode),
+            Ok(PairOutcome::Local(why)) => {
                 let chosen = matches!(why, LocalWhy::SmallUncached | LocalWhy::PrefillBottleneck);
                 if chosen || split.local_fallback {
                     let reason = match &last {
@@ -171,8 +170,8 @@ pub(super) async fn forward(
             }
             Split::PrefillFailed(e) => {
                 shard.metrics.borrow_mut().disagg.fail("prefill");
-                prefill.roll_back(shard);
-                decode.roll_back(shard);
+                roll_back(shard, &prefill);
+                roll_back(shard, &decode);
                 prefill_failures += 1;
                 excluded.push(prefill.pick.backend);
                 tracing::debug!(backend = %shard.backend_id(prefill.pick.backend), error = %e, "prefill leg failed");
@@ -195,8 +194,8 @@ pub(super) async fn forward(
             }
             Split::DecodeFailed { error: e, refused } => {
                 shard.metrics.borrow_mut().disagg.fail("decode");
-                prefill.roll_back(shard);
-                decode.roll_back(shard);
+                roll_back(shard, &prefill);
+                roll_back(shard, &decode);
                 decode_failures += 1;
                 if !refused {
                     excluded.push(decode.pick.backend);
@@ -251,7 +250,7 @@ async fn give_up(
     shard: &Shard,
     client: &mut TcpStream,
     req: &Request<'_>,
-    last: Option<(GatewayError, Route, Leg)>,
+    last: Option<(GatewayError, Decision, Leg)>,
     tries: u32,
     error: GatewayError,
 ) -> Result<(bool, Usage), GatewayError> {
@@ -270,7 +269,7 @@ async fn answer(
     client: &mut TcpStream,
     req: &Request<'_>,
     e: &GatewayError,
-    route: &Route,
+    route: &Decision,
     leg: Leg,
     tries: u32,
 ) -> Result<(bool, Usage), GatewayError> {
@@ -302,8 +301,8 @@ async fn vllm(
     req: &Request<'_>,
     body: &[u8],
     split: &DisaggConfig,
-    prefill: &Route,
-    decode: &Route,
+    prefill: &Decision,
+    decode: &Decision,
     may_retry_decode: bool,
 ) -> Split {
     let p = prefill.pick.backend;
@@ -352,8 +351,8 @@ async fn sglang(
     req: &Request<'_>,
     body: &[u8],
     split: &DisaggConfig,
-    prefill: &Route,
-    decode: &Route,
+    prefill: &Decision,
+    decode: &Decision,
     may_retry_decode: bool,
 ) -> Split {
     let p = prefill.pick.backend;
@@ -495,7 +494,7 @@ async fn decode_leg(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
-    route: &Route,
+    route: &Decision,
     body: &[u8],
     split: &DisaggConfig,
     may_retry: bool,
@@ -592,7 +591,7 @@ async fn relay(
     shard: &Shard,
     client: &mut TcpStream,
     req: &Request<'_>,
-    route: &Route,
+    route: &Decision,
     (status, body): (u16, &[u8]),
     retries: u32,
 ) -> bool {

@@ -1,0 +1,680 @@
+//! The one routing decision. Every caller that needs to know where a request goes —
+//! the gateway's shards, the routing and scheduling simulators, SLO admission's
+//! estimate, workflows, the bench — asks a [`Router`]; nothing else composes one.
+//!
+//! A decision has four steps, all here:
+//!
+//! 1. **candidates**: the backends serving the request's model that are healthy,
+//!    undrained, whose breaker lets a request through (a half-open one only while this
+//!    router has a probe slot free), that accept the request's media, play the pool's
+//!    [`Role`], and were not excluded by earlier failed attempts ([`FleetView`] says
+//!    what each backend's state is);
+//! 2. **estimate**: each candidate's matched blocks in the [`Replica`]'s prefix index,
+//!    its load, pending prefill, free cache room and session flag — the inputs of the
+//!    est-TTFT cost model ([`crate::policy::prefix_aware`]);
+//! 3. **pick**: the request's policy, then RAG chunk affinity where the policy followed
+//!    no cached prefix, or for a split model the prefill/decode pair
+//!    ([`crate::disagg::decide`]);
+//! 4. a [`Decision`] that carries everything to apply afterwards: the [`IndexOp`]s
+//!    (the pick now holds the prompt and its chunks, the session's binding), the
+//!    in-flight and pending-prefill accounting, and how to roll the insert back when
+//!    the attempt fails before the engine could cache anything.
+//!
+//! The router reads the replica and never writes it: the caller applies the ops
+//! ([`Replica::apply`]) and, in the gateway, publishes them to the other replicas.
+//! An insert for a prompt the pick already holds, last touched less than
+//! `index_touch_ms` ago, is left out (only its recency would change), and so is a
+//! session binding that fresh: a hot prompt then costs one event per interval instead
+//! of one per request.
+
+use crate::admission::Estimate;
+use crate::breaker::BreakerState;
+use crate::disagg::{self, DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
+use crate::media::{Capabilities, MediaNeeds};
+use crate::policy::prefix_aware::PrefixAware;
+use crate::policy::{
+    build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, Reason,
+    RouteInput, RoutingPolicy,
+};
+use crate::rag::with_chunk_affinity;
+use crate::replica::{IndexOp, Replica};
+use crate::PrefixMatch;
+use std::sync::Arc;
+
+/// Index into the gateway's model table.
+pub type ModelIdx = usize;
+
+/// A backend's part in a split pool (`backends[].role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Serves requests whole (the default).
+    #[default]
+    Both,
+    /// Only computes prompts and hands their KV over.
+    Prefill,
+    /// Decodes from handed-over KV; may also serve whole requests locally.
+    Decode,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "both" => Some(Role::Both),
+            "prefill" => Some(Role::Prefill),
+            "decode" => Some(Role::Decode),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// Which of a model's backends a candidate list is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// Whole requests: every role but `prefill`.
+    Whole,
+    /// A split request's prefill leg.
+    Prefill,
+    /// A split request's decode leg.
+    Decode,
+}
+
+impl Pool {
+    pub fn admits(self, role: Role) -> bool {
+        match self {
+            Pool::Whole => role != Role::Prefill,
+            Pool::Prefill => role == Role::Prefill,
+            Pool::Decode => role == Role::Decode,
+        }
+    }
+}
+
+/// One backend as routing sees it at the instant of a decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackendState {
+    pub role: Role,
+    pub capabilities: Capabilities,
+    pub healthy: bool,
+    pub breaker: BreakerState,
+    /// Draining backends get no new requests.
+    pub draining: bool,
+    /// This router's half-open probes in flight to the backend.
+    pub probes_in_flight: u32,
+    /// Requests in flight to it, across every router that reports them.
+    pub in_flight: u32,
+    /// The engine's waiting and running requests and KV usage (0–1) as last scraped
+    /// (0 when unknown).
+    pub engine_waiting: u32,
+    pub engine_running: u32,
+    pub engine_kv_usage: f32,
+    /// See [`Candidate::pending_prefill_tokens`].
+    pub pending_prefill_tokens: u32,
+    /// See [`Candidate::prefill_progress_ns`], as of the decision.
+    pub prefill_progress_ns: u64,
+    /// Learned prefill cost (0: the cost model's default).
+    pub prefill_ns_per_token: u32,
+}
+
+/// The fleet at the instant of a decision: which backends serve a model, and each
+/// one's state. The gateway implements it over its fleet snapshot and cross-shard
+/// counters, the simulators over their simulated engines.
+pub trait FleetView {
+    /// The backends serving `model`, in backend order (empty when it has none left).
+    fn serving(&self, model: ModelIdx) -> &[BackendIdx];
+    fn backend(&self, backend: BackendIdx) -> BackendState;
+}
+
+/// A fleet written out as values: every backend serves the one model (index 0).
+/// What the simulators and tests hand the router; they update `states` as their
+/// simulated engines change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FleetState {
+    pub serving: Vec<BackendIdx>,
+    pub states: Vec<BackendState>,
+}
+
+impl FleetState {
+    /// `backends` healthy, idle backends serving whole requests.
+    pub fn healthy(backends: usize) -> Self {
+        Self {
+            serving: (0..backends).collect(),
+            states: vec![
+                BackendState {
+                    healthy: true,
+                    ..BackendState::default()
+                };
+                backends
+            ],
+        }
+    }
+}
+
+impl FleetView for FleetState {
+    fn serving(&self, model: ModelIdx) -> &[BackendIdx] {
+        if model == 0 {
+            &self.serving
+        } else {
+            &[]
+        }
+    }
+
+    fn backend(&self, backend: BackendIdx) -> BackendState {
+        self.states[backend]
+    }
+}
+
+/// The request as routing sees it: everything a decision depends on besides the fleet
+/// and the replica.
+#[derive(Clone, Copy, Debug)]
+pub struct RoutingFacts<'a> {
+    pub model: ModelIdx,
+    pub policy: PolicyName,
+    /// The prompt's chained block hashes.
+    pub blocks: &'a [u64],
+    /// [`crate::PromptHasher::affinity_key`].
+    pub affinity_key: Option<u64>,
+    pub media: &'a MediaNeeds,
+    /// Hash of the request's session id (`X-Session-ID`, a workflow's sibling group).
+    pub session: Option<u64>,
+    /// A RAG request's chunk ids.
+    pub chunks: &'a [u64],
+    /// Backends earlier attempts of this request failed on.
+    pub excluded: &'a [BackendIdx],
+}
+
+/// The settings a decision reads besides the policies' own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    pub policy: PolicyConfig,
+    /// `routing.index_touch_ms`: how long a held prompt's recency may go unrefreshed.
+    pub index_touch_ms: u64,
+    /// `routing.rag_chunk_weight`: what one held chunk is worth against one request of
+    /// load.
+    pub rag_chunk_weight: u32,
+    /// `breaker.half_open_probes`: probes one router lets through to a half-open
+    /// backend at once.
+    pub half_open_probes: u32,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyConfig::default(),
+            index_touch_ms: 100,
+            rag_chunk_weight: 2,
+            half_open_probes: 1,
+        }
+    }
+}
+
+/// Why no decision could be made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteError {
+    /// The model has no backend left (its last was removed since it was first seen).
+    ModelGone,
+    /// The request carries media that no backend of its model accepts.
+    UnsupportedMedia(Capabilities),
+    /// Every backend of the model is unhealthy, open, draining or excluded.
+    NoCandidate,
+}
+
+/// Up to three ops a decision implies, in the order to apply them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ops([Option<IndexOp>; 3]);
+
+impl Ops {
+    fn push(&mut self, op: IndexOp) {
+        if let Some(slot) = self.0.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(op);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &IndexOp> {
+        self.0.iter().flatten()
+    }
+
+    /// Takes the ops out, leaving none.
+    pub fn take(&mut self) -> impl Iterator<Item = IndexOp> {
+        std::mem::take(&mut self.0).into_iter().flatten()
+    }
+}
+
+/// Where one request (or one leg of a split request) goes, and what to apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub pick: Pick,
+    /// Leading prompt blocks the pick held, per the replica.
+    pub matched_blocks: u32,
+    /// In-flight requests on the pick before this one (`u32::MAX` for a split leg,
+    /// whose time is not a whole request's prefill and must not be learned from).
+    pub in_flight_before: u32,
+    /// Prompt tokens the pick is expected to prefill (its unmatched blocks): what to
+    /// count in its pending prefill until the first response byte (0 for split legs).
+    pub uncached_tokens: u32,
+    /// The pick is half-open: the attempt takes one of the router's probe slots.
+    pub probe: bool,
+    /// Other candidates a retry could go to.
+    pub alternatives: usize,
+    /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
+    pub chunk_overlap: Option<(u32, u32)>,
+    /// A split request's decode leg: the prefill backend of its pair.
+    pub prefill: Option<BackendIdx>,
+    /// What to apply to every replica.
+    pub ops: Ops,
+    /// Index touches and session bindings left out as fresh.
+    pub coalesced: u32,
+    /// The prompt's blocks when the decision inserts them for the pick (what
+    /// [`Decision::roll_back`] undoes); `None` when nothing is inserted.
+    pub inserted: Option<Arc<[u64]>>,
+}
+
+impl Decision {
+    /// The op that forgets the blocks the pick did not already hold, for an attempt
+    /// that failed before the engine could cache anything.
+    pub fn roll_back(&self) -> Option<IndexOp> {
+        let blocks = self.inserted.as_ref()?;
+        let from = self.matched_blocks as usize;
+        (from < blocks.len()).then(|| IndexOp::Remove {
+            backend: self.pick.backend,
+            blocks: blocks.clone(),
+            from,
+        })
+    }
+}
+
+/// A split model's request: a pair, or served whole.
+// Returned once per split request and taken apart at once: boxing would only add an
+// allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum PairOutcome {
+    Split { prefill: Decision, decode: Decision },
+    Local(LocalWhy),
+}
+
+/// One policy instance per name, built on first use (cursors live in them).
+#[derive(Clone, Debug, Default)]
+struct PolicySet([Option<Policy>; PolicyName::ALL.len()]);
+
+impl PolicySet {
+    fn get(&mut self, name: PolicyName, config: &PolicyConfig) -> &mut Policy {
+        let slot = PolicyName::ALL.iter().position(|n| *n == name).unwrap_or(0);
+        self.0[slot].get_or_insert_with(|| build_policy(name, config))
+    }
+}
+
+/// Makes routing decisions. Owns what must persist between them (policy cursors, the
+/// RNG, scratch buffers) and nothing they are about.
+#[derive(Clone, Debug)]
+pub struct Router {
+    config: RouterConfig,
+    policies: PolicySet,
+    /// The `prefix_aware` cost model, for SLO admission's estimate under any policy.
+    cost_model: PrefixAware,
+    rng: fastrand::Rng,
+    matches: PrefixMatch,
+    candidates: Vec<Candidate>,
+    prefill: Vec<Candidate>,
+    decode: Vec<DecodeCandidate>,
+}
+
+// === impl Router ===
+
+impl Router {
+    pub fn new(config: RouterConfig, seed: u64) -> Self {
+        Self {
+            cost_model: PrefixAware::new(&config.policy.prefix),
+            config,
+            policies: PolicySet::default(),
+            rng: fastrand::Rng::with_seed(seed),
+            matches: PrefixMatch::default(),
+            candidates: Vec::new(),
+            prefill: Vec::new(),
+            decode: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// New settings: the policies and the cost model are rebuilt from them (policy
+    /// cursors restart); the RNG carries on.
+    pub fn reconfigure(&mut self, config: RouterConfig) {
+        if config != self.config {
+            self.cost_model = PrefixAware::new(&config.policy.prefix);
+            self.policies = PolicySet::default();
+            self.config = config;
+        }
+    }
+
+    /// Where a whole request goes (see the module docs).
+    pub fn decide(
+        &mut self,
+        replica: &Replica,
+        fleet: &impl FleetView,
+        facts: &RoutingFacts<'_>,
+        now_ms: u64,
+    ) -> Result<Decision, RouteError> {
+        let session_home = facts.session.and_then(|s| replica.sessions.get(s, now_ms));
+        self.match_prompt(replica, facts.blocks);
+        let filter = Filter {
+            facts,
+            session_home,
+            pool: Pool::Whole,
+            probe_limit: self.config.half_open_probes,
+        };
+        let candidates = &mut self.candidates;
+        filter.fill(candidates, &self.matches, replica, fleet)?;
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidate);
+        }
+        let input = RouteInput {
+            candidates,
+            affinity_key: facts.affinity_key,
+            prompt_blocks: facts.blocks.len() as u32,
+        };
+        let mut pick = self
+            .policies
+            .get(facts.policy, &self.config.policy)
+            .pick(&input, &mut self.rng)
+            .ok_or(RouteError::NoCandidate)?;
+        // Chunk affinity: a RAG request under the cache-aware policy that found no
+        // cached prefix to follow goes where most of its chunks were sent, unless load
+        // outweighs them.
+        if facts.policy == PolicyName::PrefixAware && !facts.chunks.is_empty() {
+            let chunk_pick =
+                replica
+                    .chunks
+                    .pick(candidates, facts.chunks, self.config.rag_chunk_weight);
+            pick = with_chunk_affinity(pick, chunk_pick);
+        }
+        let chosen = candidates
+            .iter()
+            .find(|c| c.backend == pick.backend)
+            .copied()
+            .unwrap_or_default();
+        let alternatives = candidates.len() - 1;
+        let mut decision = Decision {
+            pick,
+            matched_blocks: chosen.matched_blocks,
+            in_flight_before: chosen.in_flight,
+            uncached_tokens: uncached_tokens(
+                &self.config,
+                facts.blocks.len(),
+                chosen.matched_blocks,
+            ),
+            probe: fleet.backend(pick.backend).breaker == BreakerState::HalfOpen,
+            alternatives,
+            chunk_overlap: None,
+            prefill: None,
+            ops: Ops::default(),
+            coalesced: 0,
+            inserted: None,
+        };
+        self.record_insert(replica, &mut decision, facts.blocks, now_ms);
+        if !facts.chunks.is_empty() {
+            let overlap = replica.chunks.overlap(pick.backend, facts.chunks);
+            decision.chunk_overlap = Some((overlap, facts.chunks.len() as u32));
+            decision.ops.push(IndexOp::HoldChunks {
+                backend: pick.backend,
+                chunks: facts.chunks.into(),
+                now_ms,
+            });
+        }
+        if let Some(session) = facts.session {
+            // Like a prompt already held: a session already bound here, seen less than
+            // `index_touch_ms` ago, would only have its time-to-live refreshed.
+            let fresh = replica.sessions.binding(session).is_some_and(|(b, seen)| {
+                b == pick.backend && now_ms.saturating_sub(seen) < self.config.index_touch_ms
+            });
+            if fresh {
+                decision.coalesced += 1;
+            } else {
+                decision.ops.push(IndexOp::BindSession {
+                    session,
+                    backend: pick.backend,
+                    now_ms,
+                });
+            }
+        }
+        Ok(decision)
+    }
+
+    /// Where a split model's request goes: a prefill/decode pair, or served whole
+    /// ([`disagg::decide`]). Both legs' decisions insert the prompt for their backend.
+    pub fn decide_pair(
+        &mut self,
+        replica: &Replica,
+        fleet: &impl FleetView,
+        facts: &RoutingFacts<'_>,
+        split: &DisaggPolicy,
+        now_ms: u64,
+    ) -> Result<PairOutcome, RouteError> {
+        self.match_prompt(replica, facts.blocks);
+        let filter = |pool| Filter {
+            facts,
+            session_home: None,
+            pool,
+            probe_limit: self.config.half_open_probes,
+        };
+        filter(Pool::Prefill).fill(&mut self.prefill, &self.matches, replica, fleet)?;
+        filter(Pool::Decode).fill(&mut self.candidates, &self.matches, replica, fleet)?;
+        self.decode.clear();
+        self.decode.extend(self.candidates.iter().map(|c| {
+            let state = fleet.backend(c.backend);
+            DecodeCandidate {
+                backend: c.backend,
+                in_flight: c.in_flight,
+                running: state.engine_running,
+                kv_usage: state.engine_kv_usage,
+                matched_blocks: c.matched_blocks,
+            }
+        }));
+        let decode = &self.decode;
+        let input = PairInput {
+            prefill: &self.prefill,
+            decode,
+            prompt_blocks: facts.blocks.len() as u32,
+        };
+        let (p, d, prefill_matched) =
+            match disagg::decide(split, &self.config.policy.prefix, &input) {
+                PairDecision::Local(why) => return Ok(PairOutcome::Local(why)),
+                PairDecision::Split {
+                    prefill,
+                    decode,
+                    prefill_matched,
+                } => (prefill, decode, prefill_matched),
+            };
+        let decode_matched = decode
+            .iter()
+            .find(|c| c.backend == d)
+            .map_or(0, |c| c.matched_blocks);
+        let shared: Option<Arc<[u64]>> = (!facts.blocks.is_empty()).then(|| facts.blocks.into());
+        let leg = |backend: BackendIdx, matched: u32, alternatives: usize, prefill| {
+            let mut ops = Ops::default();
+            if let Some(blocks) = &shared {
+                ops.push(IndexOp::Insert {
+                    backend,
+                    blocks: blocks.clone(),
+                    now_ms,
+                });
+            }
+            Decision {
+                pick: Pick {
+                    backend,
+                    reason: Reason::DisaggSplit,
+                },
+                matched_blocks: matched,
+                in_flight_before: u32::MAX,
+                uncached_tokens: 0,
+                probe: fleet.backend(backend).breaker == BreakerState::HalfOpen,
+                alternatives,
+                chunk_overlap: None,
+                prefill,
+                ops,
+                coalesced: 0,
+                inserted: shared.clone(),
+            }
+        };
+        Ok(PairOutcome::Split {
+            prefill: leg(p, prefill_matched, self.prefill.len() - 1, None),
+            decode: leg(d, decode_matched, decode.len() - 1, Some(p)),
+        })
+    }
+
+    /// SLO admission's question: the earliest first token the fleet can give this
+    /// request, by the `prefix_aware` cost model over the same candidates a decision
+    /// would consider (whatever the routing policy). `None` when there are no
+    /// candidates: routing answers that itself.
+    pub fn estimate(
+        &mut self,
+        replica: &Replica,
+        fleet: &impl FleetView,
+        facts: &RoutingFacts<'_>,
+    ) -> Option<Estimate> {
+        self.match_prompt(replica, facts.blocks);
+        let filter = Filter {
+            facts,
+            session_home: None,
+            pool: Pool::Whole,
+            probe_limit: self.config.half_open_probes,
+        };
+        let filled = filter.fill(&mut self.candidates, &self.matches, replica, fleet);
+        if filled.is_err() || self.candidates.is_empty() {
+            return None;
+        }
+        Some(self.cost_model.best_estimate(&RouteInput {
+            candidates: &self.candidates,
+            affinity_key: None,
+            prompt_blocks: facts.blocks.len() as u32,
+        }))
+    }
+
+    fn match_prompt(&mut self, replica: &Replica, blocks: &[u64]) {
+        replica.index.match_prefix(blocks, &mut self.matches);
+    }
+
+    /// The insert that records the pick as holding the prompt, unless it already holds
+    /// all of it and used it less than `index_touch_ms` ago (then only its recency
+    /// would change: the insert is left out). `self.matches` holds the prompt's match.
+    fn record_insert(
+        &self,
+        replica: &Replica,
+        decision: &mut Decision,
+        blocks: &[u64],
+        now_ms: u64,
+    ) {
+        if blocks.is_empty() {
+            return;
+        }
+        let backend = decision.pick.backend;
+        if decision.matched_blocks as usize == blocks.len()
+            && !replica.index.touch_is_due_matched(
+                &self.matches,
+                backend,
+                now_ms,
+                self.config.index_touch_ms,
+            )
+        {
+            decision.coalesced += 1;
+            return;
+        }
+        let blocks: Arc<[u64]> = blocks.into();
+        decision.ops.push(IndexOp::Insert {
+            backend,
+            blocks: blocks.clone(),
+            now_ms,
+        });
+        decision.inserted = Some(blocks);
+    }
+}
+
+/// Prompt tokens left to prefill on a backend that holds `matched` of `blocks`.
+fn uncached_tokens(config: &RouterConfig, blocks: usize, matched: u32) -> u32 {
+    let tokens_per_block = config.policy.prefix.tokens_per_block.max(0.0);
+    let uncached = blocks.saturating_sub(matched as usize);
+    (uncached as f64 * tokens_per_block).min(u32::MAX as f64) as u32
+}
+
+/// Which candidates a step wants (step 1 of the module docs).
+struct Filter<'f> {
+    facts: &'f RoutingFacts<'f>,
+    session_home: Option<BackendIdx>,
+    pool: Pool,
+    probe_limit: u32,
+}
+
+impl Filter<'_> {
+    /// Fills `out` with the candidates, with what step 2 needs of each. `Err` when the
+    /// model has no backend at all, or none that accepts the request's media; an
+    /// empty `out` when all of them are filtered out.
+    fn fill(
+        &self,
+        out: &mut Vec<Candidate>,
+        matches: &PrefixMatch,
+        replica: &Replica,
+        fleet: &impl FleetView,
+    ) -> Result<(), RouteError> {
+        out.clear();
+        let facts = self.facts;
+        let serving = fleet.serving(facts.model);
+        if serving.is_empty() {
+            return Err(RouteError::ModelGone);
+        }
+        let needs = facts.media.kinds;
+        let mut any_capable = needs.is_empty();
+        for &b in serving {
+            let state = fleet.backend(b);
+            let capable = state.capabilities.covers(needs);
+            any_capable |= capable;
+            let breaker_allows = match state.breaker {
+                BreakerState::Closed => true,
+                BreakerState::Open => false,
+                BreakerState::HalfOpen => state.probes_in_flight < self.probe_limit,
+            };
+            if capable
+                && state.healthy
+                && breaker_allows
+                && !state.draining
+                && !facts.excluded.contains(&b)
+                && self.pool.admits(state.role)
+            {
+                let matched_blocks = matches.matched.get(b).copied().unwrap_or(0);
+                out.push(Candidate {
+                    backend: b,
+                    in_flight: state.in_flight,
+                    matched_blocks,
+                    engine_waiting: state.engine_waiting,
+                    pending_prefill_tokens: state.pending_prefill_tokens,
+                    prefill_progress_ns: state.prefill_progress_ns,
+                    prefill_ns_per_token: state.prefill_ns_per_token,
+                    session_home: self.session_home == Some(b),
+                    uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
+                    cache_free_blocks: free_blocks(&replica.index, b),
+                });
+            }
+        }
+        if !any_capable {
+            return Err(RouteError::UnsupportedMedia(needs));
+        }
+        Ok(())
+    }
+}
+
+/// [`Candidate::cache_free_blocks`] from the index (saturated to `u32::MAX`).
+pub fn free_blocks(index: &crate::PrefixIndex, backend: BackendIdx) -> Option<u32> {
+    index
+        .free_blocks(backend)
+        .map(|free| u32::try_from(free).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,447 @@
+//! The router without a socket: every filter, every policy and reason, the ops a
+//! decision carries, roll-back, the pair decision and the admission estimate.
+
+use super::*;
+use crate::{ChunkIndex, IndexConfig, PrefixIndex, SessionTable};
+
+type TestFleet = FleetState;
+
+fn replica(backends: usize, capacity: usize) -> Replica {
+    let mut index = PrefixIndex::new(IndexConfig { max_blocks: 10_000 });
+    for b in 0..backends {
+        index.set_capacity(b, capacity);
+    }
+    Replica::new(index, SessionTable::new(60_000, 100), ChunkIndex::new(100))
+}
+
+fn router() -> Router {
+    Router::new(
+        RouterConfig {
+            policy: PolicyConfig {
+                backend_ids: (0..4).map(|b| format!("b{b}")).collect(),
+                ..PolicyConfig::default()
+            },
+            ..RouterConfig::default()
+        },
+        7,
+    )
+}
+
+const TEXT: MediaNeeds = MediaNeeds::TEXT_ONLY;
+
+fn facts<'a>(policy: PolicyName, blocks: &'a [u64]) -> RoutingFacts<'a> {
+    RoutingFacts {
+        model: 0,
+        policy,
+        blocks,
+        affinity_key: blocks.first().copied(),
+        media: &TEXT,
+        session: None,
+        chunks: &[],
+        excluded: &[],
+    }
+}
+
+/// Decides and applies the decision's ops, as every caller does.
+fn route(
+    router: &mut Router,
+    replica: &mut Replica,
+    fleet: &TestFleet,
+    facts: &RoutingFacts<'_>,
+    now_ms: u64,
+) -> Decision {
+    let mut d = router.decide(replica, fleet, facts, now_ms).unwrap();
+    let ops: Vec<IndexOp> = d.ops.take().collect();
+    for op in &ops {
+        replica.apply(op);
+    }
+    d.ops = Ops::default();
+    for op in ops {
+        d.ops.push(op);
+    }
+    d
+}
+
+fn prompt(start: u64, n: u64) -> Vec<u64> {
+    (start..start + n).collect()
+}
+
+#[test]
+fn filters_unhealthy_open_draining_excluded_and_wrong_role() {
+    let mut r = router();
+    let rep = replica(6, 100);
+    let mut fleet = TestFleet::healthy(6);
+    fleet.states[0].healthy = false;
+    fleet.states[1].breaker = BreakerState::Open;
+    fleet.states[2].draining = true;
+    fleet.states[3].role = Role::Prefill;
+    let blocks = prompt(1, 4);
+    let f = RoutingFacts {
+        excluded: &[4],
+        ..facts(PolicyName::LeastLoaded, &blocks)
+    };
+    let d = r.decide(&rep, &fleet, &f, 1).unwrap();
+    assert_eq!(d.pick.backend, 5);
+    assert_eq!(d.alternatives, 0);
+    let none = RoutingFacts {
+        excluded: &[4, 5],
+        ..f
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &none, 1),
+        Err(RouteError::NoCandidate)
+    );
+}
+
+#[test]
+fn a_half_open_backend_takes_only_as_many_probes_as_configured() {
+    let mut r = router();
+    let rep = replica(1, 100);
+    let mut fleet = TestFleet::healthy(1);
+    fleet.states[0].breaker = BreakerState::HalfOpen;
+    let blocks = prompt(1, 2);
+    let f = facts(PolicyName::RoundRobin, &blocks);
+    let d = r.decide(&rep, &fleet, &f, 1).unwrap();
+    assert!(d.probe);
+    fleet.states[0].probes_in_flight = 1;
+    assert_eq!(r.decide(&rep, &fleet, &f, 1), Err(RouteError::NoCandidate));
+}
+
+#[test]
+fn a_model_without_backends_and_media_nobody_accepts_are_their_own_errors() {
+    let mut r = router();
+    let rep = replica(2, 100);
+    let mut fleet = TestFleet::healthy(2);
+    let blocks = prompt(1, 2);
+    let gone = RoutingFacts {
+        model: 1,
+        ..facts(PolicyName::RoundRobin, &blocks)
+    };
+    assert_eq!(r.decide(&rep, &fleet, &gone, 1), Err(RouteError::ModelGone));
+    let image = Capabilities::IMAGE;
+    let mut media = MediaNeeds::TEXT_ONLY;
+    media.note(image, 0);
+    let f = RoutingFacts {
+        media: &media,
+        ..facts(PolicyName::RoundRobin, &blocks)
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &f, 1),
+        Err(RouteError::UnsupportedMedia(image))
+    );
+    // One capable backend, unhealthy: no candidate, not unsupported.
+    fleet.states[1].capabilities = Capabilities::TEXT.union(image);
+    fleet.states[1].healthy = false;
+    assert_eq!(r.decide(&rep, &fleet, &f, 1), Err(RouteError::NoCandidate));
+    fleet.states[1].healthy = true;
+    assert_eq!(r.decide(&rep, &fleet, &f, 1).unwrap().pick.backend, 1);
+}
+
+#[test]
+fn every_load_policy_gives_its_reason() {
+    let rep = replica(3, 100);
+    let mut fleet = TestFleet::healthy(3);
+    fleet.states[0].in_flight = 5;
+    fleet.states[1].in_flight = 1;
+    fleet.states[2].in_flight = 3;
+    let blocks = prompt(1, 2);
+    let cases = [
+        (PolicyName::RoundRobin, Reason::RoundRobin),
+        (PolicyName::Random, Reason::Random),
+        (PolicyName::LeastLoaded, Reason::LeastLoaded),
+        (PolicyName::PrefixAware, Reason::NoMatch),
+    ];
+    for (policy, reason) in cases {
+        let d = router()
+            .decide(&rep, &fleet, &facts(policy, &blocks), 1)
+            .unwrap();
+        assert_eq!(d.pick.reason, reason, "{policy}");
+    }
+    let ll = router()
+        .decide(&rep, &fleet, &facts(PolicyName::LeastLoaded, &blocks), 1)
+        .unwrap();
+    assert_eq!(ll.pick.backend, 1);
+    assert_eq!(ll.in_flight_before, 1);
+}
+
+#[test]
+fn consistent_hash_reasons() {
+    let rep = replica(3, 100);
+    let fleet = TestFleet::healthy(3);
+    let blocks = prompt(1, 2);
+    let mut r = router();
+    let home = r
+        .decide(&rep, &fleet, &facts(PolicyName::ConsistentHash, &blocks), 1)
+        .unwrap();
+    assert_eq!(home.pick.reason, Reason::HashRing);
+    let no_key = RoutingFacts {
+        affinity_key: None,
+        ..facts(PolicyName::ConsistentHash, &blocks)
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &no_key, 1).unwrap().pick.reason,
+        Reason::HashNoKey
+    );
+    let mut busy = TestFleet::healthy(3);
+    busy.states[home.pick.backend].in_flight = 50;
+    let spill = r
+        .decide(&rep, &busy, &facts(PolicyName::ConsistentHash, &blocks), 1)
+        .unwrap();
+    assert_eq!(spill.pick.reason, Reason::HashRingSpill);
+    assert_ne!(spill.pick.backend, home.pick.backend);
+}
+
+#[test]
+fn prefix_aware_follows_the_holder_and_spills_when_it_is_swamped() {
+    let mut r = router();
+    let mut rep = replica(3, 1000);
+    let fleet = TestFleet::healthy(3);
+    let blocks = prompt(1, 40);
+    let f = facts(PolicyName::PrefixAware, &blocks);
+    let first = route(&mut r, &mut rep, &fleet, &f, 1);
+    assert_eq!(first.pick.reason, Reason::NoMatch);
+    assert_eq!(first.uncached_tokens, 40 * 16);
+    let again = route(&mut r, &mut rep, &fleet, &f, 500);
+    assert_eq!(
+        again.pick,
+        Pick {
+            backend: first.pick.backend,
+            reason: Reason::LongestPrefix
+        }
+    );
+    assert_eq!((again.matched_blocks, again.uncached_tokens), (40, 0));
+
+    let mut swamped = TestFleet::healthy(3);
+    swamped.states[first.pick.backend].in_flight = 40;
+    let d = r.decide(&rep, &swamped, &f, 1000).unwrap();
+    assert!(
+        matches!(
+            d.pick.reason,
+            Reason::SpilledFromSaturated | Reason::FallbackLeastLoaded
+        ),
+        "{:?}",
+        d.pick.reason
+    );
+    assert_ne!(d.pick.backend, first.pick.backend);
+}
+
+#[test]
+fn a_fresh_touch_is_coalesced_and_a_due_one_is_not() {
+    let mut r = router();
+    let mut rep = replica(2, 1000);
+    let fleet = TestFleet::healthy(2);
+    let blocks = prompt(1, 8);
+    let f = facts(PolicyName::PrefixAware, &blocks);
+    let first = route(&mut r, &mut rep, &fleet, &f, 1_000);
+    assert!(first.inserted.is_some());
+    assert_eq!(first.ops.iter().count(), 1);
+    let soon = r.decide(&rep, &fleet, &f, 1_050).unwrap();
+    assert_eq!((soon.coalesced, soon.ops.iter().count()), (1, 0));
+    assert_eq!(soon.inserted, None);
+    assert_eq!(soon.roll_back(), None);
+    let late = r.decide(&rep, &fleet, &f, 1_200).unwrap();
+    assert_eq!((late.coalesced, late.ops.iter().count()), (0, 1));
+}
+
+#[test]
+fn roll_back_forgets_only_what_the_pick_did_not_hold() {
+    let mut r = router();
+    let mut rep = replica(1, 1000);
+    let fleet = TestFleet::healthy(1);
+    let short = prompt(1, 4);
+    route(
+        &mut r,
+        &mut rep,
+        &fleet,
+        &facts(PolicyName::PrefixAware, &short),
+        1,
+    );
+    let long = prompt(1, 10);
+    let d = route(
+        &mut r,
+        &mut rep,
+        &fleet,
+        &facts(PolicyName::PrefixAware, &long),
+        2,
+    );
+    assert_eq!(d.matched_blocks, 4);
+    assert_eq!(rep.index.held_blocks(0), 10);
+    let undo = d.roll_back().unwrap();
+    assert!(matches!(
+        &undo,
+        IndexOp::Remove {
+            from: 4,
+            backend: 0,
+            ..
+        }
+    ));
+    rep.apply(&undo);
+    assert_eq!(rep.index.held_blocks(0), 4);
+}
+
+#[test]
+fn sessions_bind_once_per_interval_and_pull_the_request_home() {
+    let mut r = router();
+    let mut rep = replica(3, 1000);
+    let fleet = TestFleet::healthy(3);
+    let blocks = prompt(1, 4);
+    let f = RoutingFacts {
+        session: Some(42),
+        ..facts(PolicyName::PrefixAware, &blocks)
+    };
+    let first = route(&mut r, &mut rep, &fleet, &f, 1);
+    assert!(first
+        .ops
+        .iter()
+        .any(|op| matches!(op, IndexOp::BindSession { session: 42, .. })));
+    // A different prompt in the same session goes home.
+    let other = prompt(100, 4);
+    let g = RoutingFacts {
+        blocks: &other,
+        affinity_key: Some(100),
+        ..f
+    };
+    let home = r.decide(&rep, &fleet, &g, 20).unwrap();
+    assert_eq!(
+        home.pick,
+        Pick {
+            backend: first.pick.backend,
+            reason: Reason::SessionAffinity
+        }
+    );
+    assert!(!home
+        .ops
+        .iter()
+        .any(|op| matches!(op, IndexOp::BindSession { .. })));
+    assert_eq!(home.coalesced, 1);
+}
+
+#[test]
+fn rag_chunks_pull_a_load_routed_request_to_their_holder() {
+    let mut r = router();
+    let mut rep = replica(3, 1000);
+    let fleet = TestFleet::healthy(3);
+    let chunks = [7, 8, 9];
+    let a = prompt(1, 3);
+    let f = RoutingFacts {
+        chunks: &chunks,
+        ..facts(PolicyName::PrefixAware, &a)
+    };
+    let first = route(&mut r, &mut rep, &fleet, &f, 1);
+    assert_eq!(first.chunk_overlap, Some((0, 3)));
+    // Another question over the same chunks: no prefix in common, the chunks decide.
+    let b = prompt(50, 3);
+    let g = RoutingFacts {
+        blocks: &b,
+        affinity_key: Some(50),
+        ..f
+    };
+    let second = r.decide(&rep, &fleet, &g, 2).unwrap();
+    assert_eq!(
+        second.pick,
+        Pick {
+            backend: first.pick.backend,
+            reason: Reason::ChunkAffinity
+        }
+    );
+    assert_eq!(second.chunk_overlap, Some((3, 3)));
+    // Not under another policy.
+    let ll = RoutingFacts {
+        policy: PolicyName::LeastLoaded,
+        ..g
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &ll, 2).unwrap().pick.reason,
+        Reason::LeastLoaded
+    );
+}
+
+#[test]
+fn a_split_request_gets_a_pair_that_both_insert_the_prompt() {
+    let mut r = router();
+    let rep = replica(4, 1000);
+    let mut fleet = TestFleet::healthy(4);
+    fleet.states[0].role = Role::Prefill;
+    fleet.states[1].role = Role::Prefill;
+    fleet.states[2].role = Role::Decode;
+    fleet.states[3].role = Role::Decode;
+    fleet.states[3].engine_running = 10;
+    let blocks = prompt(1, 64);
+    let f = facts(PolicyName::PrefixAware, &blocks);
+    let always = DisaggPolicy {
+        always: true,
+        ..DisaggPolicy::default()
+    };
+    let PairOutcome::Split { prefill, decode } =
+        r.decide_pair(&rep, &fleet, &f, &always, 1).unwrap()
+    else {
+        panic!("expected a pair")
+    };
+    assert_eq!(prefill.pick.reason, Reason::DisaggSplit);
+    assert_eq!(decode.pick.backend, 2);
+    assert_eq!(decode.prefill, Some(prefill.pick.backend));
+    assert_eq!(decode.in_flight_before, u32::MAX);
+    for leg in [&prefill, &decode] {
+        assert!(leg.ops.iter().any(
+            |op| matches!(op, IndexOp::Insert { backend, .. } if *backend == leg.pick.backend)
+        ));
+    }
+    // Without prefill servers the request is served whole.
+    fleet.states[0].healthy = false;
+    fleet.states[1].healthy = false;
+    assert_eq!(
+        r.decide_pair(&rep, &fleet, &f, &always, 1).unwrap(),
+        PairOutcome::Local(LocalWhy::NoPrefill)
+    );
+    // A short prompt is not worth the hop.
+    fleet.states[0].healthy = true;
+    let tiny = prompt(1, 2);
+    assert_eq!(
+        r.decide_pair(
+            &rep,
+            &fleet,
+            &facts(PolicyName::PrefixAware, &tiny),
+            &DisaggPolicy::default(),
+            1
+        )
+        .unwrap(),
+        PairOutcome::Local(LocalWhy::SmallUncached)
+    );
+}
+
+#[test]
+fn the_estimate_sees_the_same_candidates_as_the_decision() {
+    let mut r = router();
+    let mut rep = replica(2, 1000);
+    let mut fleet = TestFleet::healthy(2);
+    let blocks = prompt(1, 50);
+    let f = facts(PolicyName::RoundRobin, &blocks);
+    let cold = r.estimate(&rep, &fleet, &f).unwrap();
+    rep.apply(&IndexOp::Insert {
+        backend: 1,
+        blocks: blocks.clone().into(),
+        now_ms: 1,
+    });
+    let warm = r.estimate(&rep, &fleet, &f).unwrap();
+    assert!(warm.best_ns < cold.best_ns);
+    // The holder unhealthy: back to the cold estimate.
+    fleet.states[1].healthy = false;
+    assert_eq!(r.estimate(&rep, &fleet, &f).unwrap(), cold);
+    fleet.states[0].healthy = false;
+    assert_eq!(r.estimate(&rep, &fleet, &f), None);
+}
+
+#[test]
+fn reconfigure_rebuilds_the_cost_model() {
+    let mut r = router();
+    let rep = replica(1, 1000);
+    let fleet = TestFleet::healthy(1);
+    let blocks = prompt(1, 10);
+    let f = facts(PolicyName::PrefixAware, &blocks);
+    let before = r.estimate(&rep, &fleet, &f).unwrap().best_ns;
+    let mut config = r.config().clone();
+    config.policy.prefix.default_prefill_ns_per_token *= 2;
+    r.reconfigure(config);
+    let after = r.estimate(&rep, &fleet, &f).unwrap().best_ns;
+    assert!((after - 2.0 * before).abs() < 1.0, "{before} -> {after}");
+}
