@@ -10,7 +10,8 @@
 //! `prefix_aware` gets a larger engine-reported cached share than `round_robin`.
 //!
 //! One test function so the engines start once (about a minute or two). Set
-//! `RADIXGATE_REAL_ENGINES=0` to skip it in a quick local loop; CI runs it.
+//! `RADIXGATE_REAL_ENGINES=0` to skip it in a quick local loop (reported as
+//! "ignored", with the reason on stderr); CI runs it.
 
 #![allow(clippy::disallowed_methods)]
 
@@ -178,12 +179,21 @@ fn engine_counter(addr: SocketAddr, name: &str) -> f64 {
     metric(&text, name).unwrap_or(0.0)
 }
 
-#[test]
-fn real_vllm_fleet_end_to_end() {
-    if std::env::var("RADIXGATE_REAL_ENGINES").as_deref() == Ok("0") {
-        eprintln!("RADIXGATE_REAL_ENGINES=0: skipping the real vLLM tier");
-        return;
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let skip = std::env::var("RADIXGATE_REAL_ENGINES").as_deref() == Ok("0");
+    if skip {
+        eprintln!("real_vllm_fleet_end_to_end: skipped (RADIXGATE_REAL_ENGINES=0)");
     }
+    let trial = libtest_mimic::Trial::test("real_vllm_fleet_end_to_end", || {
+        real_vllm_fleet_end_to_end();
+        Ok(())
+    })
+    .with_ignored_flag(skip);
+    libtest_mimic::run(&args, vec![trial]).exit();
+}
+
+fn real_vllm_fleet_end_to_end() {
     let fleet = Fleet::start(2);
     let backends: Vec<_> = fleet
         .engines

@@ -126,12 +126,23 @@ fn usage(r: &Response) -> serde_json::Value {
     json["usage"].clone()
 }
 
-#[test]
-fn real_vllm_split_prefill_decode() {
-    if std::env::var("RADIXGATE_REAL_DISAGG").as_deref() != Ok("1") {
-        eprintln!("set RADIXGATE_REAL_DISAGG=1 to run the real prefill/decode test");
-        return;
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let skip = std::env::var("RADIXGATE_REAL_DISAGG").as_deref() != Ok("1");
+    if skip {
+        eprintln!(
+            "real_vllm_split_prefill_decode: skipped (set RADIXGATE_REAL_DISAGG=1 to run it)"
+        );
     }
+    let trial = libtest_mimic::Trial::test("real_vllm_split_prefill_decode", || {
+        real_vllm_split_prefill_decode();
+        Ok(())
+    })
+    .with_ignored_flag(skip);
+    libtest_mimic::run(&args, vec![trial]).exit();
+}
+
+fn real_vllm_split_prefill_decode() {
     let pool = Pool::start();
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nshards = 1\n[models.{MODEL}.disagg]\nprotocol = \"vllm\"\nmode = \"always\"\n\
