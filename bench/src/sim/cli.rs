@@ -143,6 +143,19 @@ pub struct SimArgs {
     /// conditional split; TTFT and inter-token latency, see `sim::disagg`). Uses `--seed`.
     #[arg(long)]
     pub disagg: bool,
+    /// Run the cluster experiment instead: `prefix_aware` with 1, 2, 4, 8 and 16
+    /// gateway replicas behind a random L4 spread, sharing nothing or sharing their
+    /// routing ops with a lag of 0 to 100 ms (see `sim::cluster`). Uses the docs
+    /// workload, the fleet flags and `--seed`.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Gateway replicas behind a random L4 spread, each with its own router.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub replicas: u32,
+    /// Milliseconds for one replica's routing ops to reach the others; `none`: the
+    /// replicas share nothing.
+    #[arg(long, default_value = "0")]
+    pub replication_lag_ms: String,
     /// Write SVG plots of each policy table (hit rate, TTFT CDF, load per backend),
     /// of each sweep (hit rate against the parameter) or of the edge experiments (SLO
     /// attainment and goodput against load, fairness) into this directory, linked
@@ -274,6 +287,19 @@ impl SimArgs {
             },
             pending_prefill: !self.no_pending_prefill,
             policy,
+            replicas: self.replicas as usize,
+            replication_lag_ns: match self.replication_lag_ms.as_str() {
+                "none" => None,
+                ms => Some(
+                    (ms.parse::<f64>().unwrap_or_else(|_| {
+                        panic!(
+                            "--replication-lag-ms: a number of milliseconds or `none`, not `{ms}`"
+                        )
+                    }) * 1e6)
+                        .round()
+                        .max(0.0) as u64,
+                ),
+            },
             seed: self.seed,
         }
     }
@@ -372,6 +398,12 @@ pub fn run(args: &SimArgs) -> String {
     }
     if args.disagg {
         return super::disagg::report(args.seed);
+    }
+    if args.cluster {
+        return super::cluster::report(
+            &args.sim_config(),
+            &args.shape.docs_config(Distribution::Uniform),
+        );
     }
     let base = args.sim_config();
     let policies = args.policies();

@@ -31,14 +31,15 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::num::NonZeroUsize;
 
 use radixgate_orchestrator::{
-    ChunkIndex, FleetState, IndexConfig, MediaNeeds, PolicyConfig, PolicyName, PrefixIndex,
-    PromptHasher, Reason, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
+    ChunkIndex, FleetState, IndexConfig, IndexOp, MediaNeeds, PolicyConfig, PolicyName,
+    PrefixIndex, PromptHasher, Reason, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
 };
 
 use crate::chat::HashedPrompt;
 use crate::workload::mix;
 
 pub mod cli;
+pub mod cluster;
 pub mod disagg;
 pub mod edge;
 pub mod engine;
@@ -79,6 +80,12 @@ pub struct SimConfig {
     /// gateway scrapes `vllm:num_requests_waiting`; 0: never (always 0).
     pub scrape_ns: u64,
     pub policy: PolicyConfig,
+    /// Gateway replicas behind an L4 balancer that picks one at random per request,
+    /// each with its own router and replica of the index.
+    pub replicas: usize,
+    /// How long one replica's routing ops take to reach the others (cluster mode's
+    /// bus); `None`: replicas share nothing.
+    pub replication_lag_ns: Option<u64>,
     pub seed: u64,
 }
 
@@ -102,6 +109,8 @@ impl Default for SimConfig {
                 backend_ids: backend_ids(backends),
                 ..PolicyConfig::default()
             },
+            replicas: 1,
+            replication_lag_ns: Some(0),
             seed: 1,
         }
     }
@@ -150,6 +159,8 @@ enum Event {
     Ready { session: usize, turn: usize },
     /// The router scrapes the engines' waiting queues.
     Scrape,
+    /// A replica's routing op (`shipped[op]`) reaches the other replicas.
+    Replicate { op: usize },
 }
 
 /// A simulated request as the router sees it: a text prompt to the one model.
@@ -191,13 +202,19 @@ pub fn run(
     if policy_cfg.backend_ids.len() != cfg.backends {
         policy_cfg.backend_ids = backend_ids(cfg.backends);
     }
-    let mut router = Router::new(
-        RouterConfig {
-            policy: policy_cfg,
-            ..RouterConfig::default()
-        },
-        mix(&[cfg.seed, policy_name as u64]),
-    );
+    let replicas = cfg.replicas.max(1);
+    let mut routers: Vec<Router> = (0..replicas)
+        .map(|r| {
+            let config = RouterConfig {
+                policy: policy_cfg.clone(),
+                ..RouterConfig::default()
+            };
+            let seed = mix(&[cfg.seed, policy_name as u64]);
+            // One replica routes exactly as the single-gateway simulator always has.
+            Router::new(config, if r == 0 { seed } else { mix(&[seed, r as u64]) })
+        })
+        .collect();
+    let mut spread = fastrand::Rng::with_seed(mix(&[cfg.seed, 0x14]));
     let mut index = PrefixIndex::new(IndexConfig {
         max_blocks: 1 << 20,
     });
@@ -208,11 +225,16 @@ pub fn run(
         })
         .collect();
     // Sessions never expire within a run.
-    let mut replica = Replica::new(
-        index,
-        SessionTable::new(u64::MAX, usize::MAX),
-        ChunkIndex::new(1),
-    );
+    let mut beliefs: Vec<Replica> = vec![
+        Replica::new(
+            index,
+            SessionTable::new(u64::MAX, usize::MAX),
+            ChunkIndex::new(1),
+        );
+        replicas
+    ];
+    // Ops on their way to the other replicas: (origin, op).
+    let mut shipped: Vec<(usize, IndexOp)> = Vec::new();
     let mut fleet = FleetState::healthy(cfg.backends);
     let mut in_flight = vec![0u32; cfg.backends];
     let mut awaiting = vec![0u32; cfg.backends];
@@ -265,11 +287,35 @@ pub fn run(
                 };
             }
             let facts = routing_facts(prompt, policy_name, session);
-            let mut routed = router
-                .decide(&replica, &fleet, &facts, now / 1_000_000)
+            let at = if replicas > 1 {
+                spread.usize(..replicas)
+            } else {
+                0
+            };
+            let mut routed = routers[at]
+                .decide(&beliefs[at], &fleet, &facts, now / 1_000_000)
                 .expect("the fleet is never empty");
             for op in routed.ops.take() {
-                replica.apply(&op);
+                beliefs[at].apply(&op);
+                match cfg.replication_lag_ns {
+                    _ if replicas == 1 => {}
+                    None => {}
+                    Some(0) => {
+                        for (r, belief) in beliefs.iter_mut().enumerate() {
+                            if r != at {
+                                belief.apply(&op);
+                            }
+                        }
+                    }
+                    Some(lag) => {
+                        schedule(
+                            &mut events,
+                            now + lag,
+                            Event::Replicate { op: shipped.len() },
+                        );
+                        shipped.push((at, op));
+                    }
+                }
             }
             let b = routed.pick.backend;
             let predicted_uncached = routed.uncached_tokens;
@@ -365,6 +411,14 @@ pub fn run(
                 }
             }
             Event::Ready { session, turn } => ready.push_back((session, turn)),
+            Event::Replicate { op } => {
+                let (origin, op) = &shipped[op];
+                for (r, belief) in beliefs.iter_mut().enumerate() {
+                    if r != *origin {
+                        belief.apply(op);
+                    }
+                }
+            }
             Event::Scrape => {
                 for (w, e) in scraped_waiting.iter_mut().zip(&engines) {
                     *w = e.waiting() as u32;
