@@ -108,16 +108,11 @@ pub fn run(
     records: Receiver<AccessRecord>,
     live: Arc<LiveConfig>,
     updates: Receiver<Arc<LiveConfig>>,
-    tenants: Vec<String>,
     stop: Receiver<()>,
 ) {
     use crate::log_writer::{flush, pending, FLUSH_AT};
     crate::log_writer::buffer();
-    let mut writer = Writer {
-        live,
-        updates,
-        tenants,
-    };
+    let mut writer = Writer { live, updates };
     // When the oldest line not yet written was buffered.
     let mut oldest: Option<Instant> = None;
     loop {
@@ -155,7 +150,6 @@ pub fn run(
 struct Writer {
     live: Arc<LiveConfig>,
     updates: Receiver<Arc<LiveConfig>>,
-    tenants: Vec<String>,
 }
 
 impl Writer {
@@ -164,7 +158,7 @@ impl Writer {
             self.live = newer;
         }
         let table = &self.live.backends;
-        let tenant = r.tenant.map_or("", |t| self.tenants[t].as_str());
+        let tenant = r.tenant.map_or("", |t| self.live.tenants.name(t));
         let model = r.model.map_or("", |m| table.models().name(m));
         let backend = r.backend.map_or("", |b| table.id(b));
         let trace_id = if r.trace_id == 0 {

@@ -5,6 +5,7 @@
 //! [`AdminRequest`]s over crossbeam and are answered from its authoritative view;
 //! every change reaches the shards as one new fleet snapshot. A reload reads and
 //! validates the config file here, off the coordinator (see [`crate::reload`]).
+//! `GET /admin/config` shows every key in force (secrets redacted).
 //! `GET /admin/shards` asks the shards themselves (see [`crate::placement`]).
 
 use crate::config::{BackendConfig, Config};
@@ -34,6 +35,8 @@ pub enum AdminRequest {
     },
     /// JSON summary of the prefix index.
     Index(Sender<serde_json::Value>),
+    /// The configuration in force as JSON, secrets redacted.
+    Config(Sender<serde_json::Value>),
     /// Add a validated backend (409 for a duplicate id).
     AddBackend {
         backend: Box<BackendConfig>,
@@ -227,6 +230,7 @@ fn route(
     match (method, segments.as_slice()) {
         ("GET", ["admin", "backends"]) => ok(ask(coordinator, AdminRequest::Backends)?),
         ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
+        ("GET", ["admin", "config"]) => ok(ask(coordinator, AdminRequest::Config)?),
         ("GET", ["admin", "shards"]) => ok(crate::placement::shards_json(&ctx.shared)),
         ("POST", ["admin", "backends", id, action @ ("drain" | "undrain")]) => {
             let id = id.to_string();
@@ -265,6 +269,7 @@ fn route(
             _,
             ["admin", "backends"]
             | ["admin", "index"]
+            | ["admin", "config"]
             | ["admin", "shards"]
             | ["admin", "reload"]
             | ["admin", "backends", _]

@@ -9,12 +9,14 @@
 //! added over a process's life.
 //!
 //! [`LiveConfig`] bundles the table with the settings that can change at run time
-//! (routing policy and knobs, upstream timeouts, health, retry, breaker); the
-//! coordinator builds a new one for every change and publishes it inside the fleet
-//! snapshot, so shards swap all of it at once.
+//! (every key [`crate::config::keys::KEYS`] classifies live: routing policy and
+//! knobs, admission, server limits, upstream timeouts, health, retry, breaker) and
+//! the tenant table; the coordinator builds a new one for every change and
+//! publishes it inside the fleet snapshot, so shards swap all of it at once.
 
 use crate::config::{BackendConfig, Config, DisaggConfig};
 use crate::openai::ModelTable;
+use crate::tenants::TenantTable;
 use radixgate_orchestrator::{PolicyConfig, RouterConfig};
 use std::sync::Arc;
 
@@ -158,13 +160,16 @@ impl BackendTable {
 }
 
 /// What shards route with and may change at run time: the backend table, the live
-/// settings and the policy factory's input derived from both. `config` holds the
-/// settings in force; its restart-only keys keep their start-up values, and
-/// `config.backends` is only the list last loaded (the table is the truth).
+/// settings, the tenants and the policy factory's input derived from them. `config`
+/// holds the settings in force; its restart-only keys keep their start-up values,
+/// `config.backends` is only the list last loaded (the table is the truth) and
+/// `config.tenants` the tenants as configured (`tenants` is the truth).
 #[derive(Debug)]
 pub struct LiveConfig {
     pub config: Config,
     pub backends: BackendTable,
+    /// The tenants in force, with their keys and quota buckets.
+    pub tenants: Arc<TenantTable>,
     /// The router's settings (the policies' input included), derived from both.
     pub router: RouterConfig,
     /// `split[model]`: the model's split-pool settings, `None` when served whole.
@@ -172,7 +177,7 @@ pub struct LiveConfig {
 }
 
 impl LiveConfig {
-    pub fn new(config: Config, backends: BackendTable) -> Self {
+    pub fn new(config: Config, backends: BackendTable, tenants: Arc<TenantTable>) -> Self {
         let router = RouterConfig {
             policy: PolicyConfig {
                 backend_ids: backends.ids(),
@@ -193,9 +198,21 @@ impl LiveConfig {
         Self {
             config,
             backends,
+            tenants,
             router,
             split,
         }
+    }
+
+    /// This config with another backend table (an admin API change).
+    pub fn with_backends(&self, backends: BackendTable) -> Self {
+        Self::new(self.config.clone(), backends, self.tenants.clone())
+    }
+
+    /// Every key in force as a JSON tree (`GET /admin/config` redacts it): the
+    /// config's, with the backends of the table.
+    pub fn tree(&self) -> serde_json::Value {
+        crate::reload::tree(&self.config, self.backends.live().map(|(_, b)| b))
     }
 
     /// The model's split-pool settings, if it is served by one.
@@ -208,6 +225,7 @@ impl LiveConfig {
         Arc::new(Self::new(
             config.clone(),
             BackendTable::new(&config.backends),
+            Arc::new(TenantTable::new(&config.tenants, 0)),
         ))
     }
 }
@@ -228,6 +246,7 @@ mod tests {
             capabilities: Default::default(),
             role: Default::default(),
             bootstrap_port: None,
+            file: serde_json::Value::Null,
         }
     }
 

@@ -9,6 +9,7 @@
 use crate::chat_template::ChatTemplate;
 mod admission;
 mod disagg;
+pub mod keys;
 mod traces;
 mod workflows;
 pub use traces::TracesConfig;
@@ -16,7 +17,7 @@ pub use traces::TracesConfig;
 pub use admission::{AdmissionConfig, TierConfig};
 pub use disagg::{check_backend as check_backend_role, DisaggConfig, Protocol, Role, SplitModels};
 use radixgate_orchestrator::PolicyName;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -26,7 +27,7 @@ pub use workflows::WorkflowsConfig;
 
 // === wire format ===
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
@@ -67,7 +68,7 @@ struct ConfigFile {
     models: std::collections::BTreeMap<String, disagg::ModelWire>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields, default)]
 struct AuthWire {
     /// Refuse model requests without a valid API key (401). When false, requests
@@ -76,7 +77,7 @@ struct AuthWire {
     required: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct TenancyWire {
     /// "global": tenants share cached prefixes. "tenant": each tenant's prompts hash
@@ -93,7 +94,7 @@ impl Default for TenancyWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct TenantWire {
     /// Tenant name (logs, metrics).
@@ -116,7 +117,7 @@ fn default_tier() -> String {
     "standard".into()
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct LogWire {
     /// "text" (readable) or "json" (one object per line).
@@ -137,7 +138,7 @@ impl Default for LogWire {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields, default)]
 struct AdminWire {
     /// Address of the admin API (keep it on loopback); unset = no admin API.
@@ -148,7 +149,7 @@ struct AdminWire {
     token_env: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct RetryWire {
     /// Attempts per request, the first included (1 = never retry). A retry happens
@@ -171,7 +172,7 @@ impl Default for RetryWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct BreakerWire {
     /// Consecutive failed requests (connect errors, timeouts, 5xx, broken streams)
@@ -193,7 +194,7 @@ impl Default for BreakerWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct ServerWire {
     /// Address the shards listen on (each shard binds it with SO_REUSEPORT).
@@ -245,7 +246,7 @@ impl Default for ServerWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct RoutingWire {
     /// prefix_aware | round_robin | random | least_loaded | consistent_hash
@@ -323,7 +324,7 @@ impl Default for RoutingWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct PrefixAwareWire {
     /// Below this many matched blocks the policy behaves as least-loaded.
@@ -352,7 +353,7 @@ impl Default for PrefixAwareWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct UpstreamWire {
     /// TCP connect timeout to a backend.
@@ -379,7 +380,7 @@ impl Default for UpstreamWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct HealthWire {
     /// Interval between active `/health` checks of each backend.
@@ -407,7 +408,7 @@ impl Default for HealthWire {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct BackendWire {
     /// Unique name, shown in `X-Router-Backend` and metrics.
@@ -589,6 +590,9 @@ pub struct BackendConfig {
     pub role: Role,
     /// SGLang prefill backends: the bootstrap server's port.
     pub bootstrap_port: Option<u16>,
+    /// This entry's keys as given (defaults filled in), for reload's diff and
+    /// `GET /admin/config`; names `api_key_env`, never the key.
+    pub file: serde_json::Value,
 }
 
 #[derive(Debug, Clone)]
@@ -614,6 +618,10 @@ pub struct Config {
     /// The file this config was loaded from (what a reload re-reads); `None` when it
     /// came from a string.
     pub source: Option<std::path::PathBuf>,
+    /// Every key of the file with the value it holds here (defaults filled in), as
+    /// a JSON tree keyed as [`keys::keyed`] describes: what reload diffs and
+    /// `GET /admin/config` shows. Holds no secret but key digests (redacted on show).
+    pub file: serde_json::Value,
 }
 
 #[derive(Debug, Clone)]
@@ -687,8 +695,24 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
         let wire: ConfigFile =
             toml::from_str(text).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
+        Self::from_wire(wire)
+    }
+
+    /// A config from its file as a JSON tree in the wire shape (`[[backends]]` and
+    /// `[[tenants]]` as arrays), validated as [`Config::from_toml`] does.
+    pub fn from_json(tree: serde_json::Value) -> Result<Config, ConfigErrors> {
+        let wire: ConfigFile =
+            serde_json::from_value(tree).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
+        Self::from_wire(wire)
+    }
+
+    fn from_wire(wire: ConfigFile) -> Result<Config, ConfigErrors> {
+        // Every key with its value in force (defaults filled in), before validation
+        // consumes the wire structs.
+        let tree = serde_json::to_value(&wire).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
         let mut errors = Vec::new();
-        let config = validate(wire, &mut errors);
+        let mut config = validate(wire, &mut errors);
+        config.file = keys::keyed(tree);
         if errors.is_empty() {
             Ok(config)
         } else {
@@ -752,7 +776,9 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
         }
     };
     let role = disagg::validate_role(&b.role, b.bootstrap_port, at, errors);
+    let file = serde_json::to_value(&b).unwrap_or_default();
     BackendConfig {
+        file,
         role,
         bootstrap_port: b.bootstrap_port,
         id: b.id,
@@ -1181,6 +1207,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         backends,
         split_models,
         source: None,
+        file: serde_json::Value::Null,
     }
 }
 

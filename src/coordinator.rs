@@ -60,6 +60,8 @@ pub struct Coordinator {
     capacity: Vec<usize>,
     /// The authoritative replica.
     replica: Replica,
+    /// Restart-only keys the last reload found changed (not in force).
+    restart_pending: Vec<String>,
 }
 
 impl Coordinator {
@@ -87,6 +89,7 @@ impl Coordinator {
             draining: vec![false; n],
             engine: vec![None; n],
             replica,
+            restart_pending: Vec::new(),
         }
     }
 
@@ -232,6 +235,13 @@ impl Coordinator {
                     "events_received": shared.coordinator_received.load(Ordering::Relaxed),
                     "events_sent_per_shard": sent,
                     "replica_lag": "see radixgate_replica_lag_events and radixgate_replica_lag_seconds on /metrics",
+                }));
+            }
+            AdminRequest::Config(reply) => {
+                let _ = reply.send(json!({
+                    "source": self.live.config.source.as_ref().map(|p| p.display().to_string()),
+                    "config": crate::config::keys::redacted(self.live.tree()),
+                    "restart_pending": self.restart_pending,
                 }));
             }
             AdminRequest::Drain { id, on, reply } => {

@@ -141,7 +141,6 @@ impl Gateway {
                                 return;
                             }
                         };
-                        let shutdown_timeout = shared.config.server.shutdown_timeout;
                         let shard = Shard::new(id, shared, fleet);
                         monoio::spawn(shard.clone().command_loop(commands));
                         monoio::spawn(crate::stall::watch(shard.clone()));
@@ -154,6 +153,9 @@ impl Gateway {
                         // flight.
                         stop_listening(&listener);
                         drop(listener);
+                        // `server.shutdown_timeout_ms` as last reloaded.
+                        let shutdown_timeout =
+                            shard.fleet.borrow().live.config.server.shutdown_timeout;
                         drain(&shard, shutdown_timeout).await;
                     });
                 })?;
@@ -191,7 +193,6 @@ impl Gateway {
         let mut control_threads = vec![coord_handle];
         let mut flushed = Vec::new();
         if let (Some(records), Some(updates)) = (access_rx, log_live_rx) {
-            let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
             let live = live.clone();
             let (done, ended) = crossbeam_channel::bounded::<()>(0);
             flushed.push(ended);
@@ -202,13 +203,12 @@ impl Gateway {
                 .name("radixgate-log".into())
                 .spawn(move || {
                     let _done = done;
-                    crate::access_log::run(records, live, updates, tenants, stop)
+                    crate::access_log::run(records, live, updates, stop)
                 })?;
         }
         if let (Some(spans), Some(updates), Some(traces)) =
             (spans_rx, otlp_live_rx, shared.config.traces.clone())
         {
-            let tenants = shared.tenants.iter().map(|t| t.name.clone()).collect();
             let (live, counters) = (live.clone(), shared.span_counters.clone());
             let (done, ended) = crossbeam_channel::bounded::<()>(0);
             flushed.push(ended);
@@ -219,7 +219,7 @@ impl Gateway {
                 .name("radixgate-otlp".into())
                 .spawn(move || {
                     let _done = done;
-                    crate::otlp::run(spans, traces, live, updates, tenants, counters, stop)
+                    crate::otlp::run(spans, traces, live, updates, counters, stop)
                 })?;
         }
         if let Some((listener, token)) = admin_listener {

@@ -168,7 +168,10 @@ fn wait_for_signals(reload: Option<&dyn Fn()>) {
 /// SIGHUP: reload the config file, logging what changed or why nothing did.
 fn reload_on_sighup(gateway: &radixgate::Gateway) {
     match gateway.reload() {
-        Ok(_) => tracing::info!("SIGHUP: config reloaded"),
+        Ok(summary) => tracing::info!(
+            keys = %radixgate::reload::describe(&summary),
+            "SIGHUP: config reloaded"
+        ),
         Err(e) => tracing::error!(error = %e.message, "SIGHUP: config reload refused"),
     }
 }

@@ -58,7 +58,6 @@ pub fn run(
     config: TracesConfig,
     mut live: Arc<LiveConfig>,
     updates: Receiver<Arc<LiveConfig>>,
-    tenants: Vec<String>,
     counters: Arc<SpanCounters>,
     stop: Receiver<()>,
 ) {
@@ -97,6 +96,7 @@ pub fn run(
             while let Ok(newer) = updates.try_recv() {
                 live = newer;
             }
+            let tenants = live.tenants.names();
             let body = encode(&batch, &config.service_name, &live, &tenants);
             let n = batch.len() as u64;
             match post(&config, &body) {

@@ -27,7 +27,8 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
         match listener.accept().await {
             Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
-                if shard.conns.len() >= shard.shared.config.server.max_connections {
+                let max = shard.fleet.borrow().live.config.server.max_connections;
+                if shard.conns.len() >= max {
                     monoio::spawn(refuse_connection(shard.clone(), stream));
                 } else {
                     monoio::spawn(serve_connection(shard.clone(), stream));
@@ -77,19 +78,25 @@ async fn refuse_connection(shard: Rc<Shard>, mut stream: TcpStream) {
     .await;
 }
 
-pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
-    let server = &shard.shared.config.server;
-    let limits = RequestLimits {
+/// The `[server]` limits in force (reloadable: each request reads them anew).
+fn request_limits(shard: &Shard) -> RequestLimits {
+    let fleet = shard.fleet.borrow();
+    let server = &fleet.live.config.server;
+    RequestLimits {
         max_head_bytes: server.max_head_bytes,
         max_uri_bytes: server.max_uri_bytes,
         max_body_bytes: server.max_body_bytes,
         idle_timeout: server.client_idle_timeout,
         head_timeout: server.head_timeout,
         body_timeout: server.body_timeout,
-    };
+    }
+}
+
+pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
     let mut conn = ClientConn::new(stream, shard.take_buffer());
     let _registered = shard.conns.register(&conn.stream);
     loop {
+        let limits = request_limits(&shard);
         match conn.read_request(&limits).await {
             Ok(ReadOutcome::Request) => {}
             Ok(ReadOutcome::Closed) => break,
@@ -405,7 +412,7 @@ async fn scrape(shard: &Shard) -> String {
     }
     copies.sort_by_key(|m| m.shard);
     let fleet = shard.fleet.borrow().clone();
-    let tenants: Vec<String> = shared.tenants.iter().map(|t| t.name.clone()).collect();
+    let tenants = fleet.live.tenants.names();
     let table = &fleet.live.backends;
     let backend_ids = table.ids();
     let live: Vec<bool> = (0..table.len()).map(|b| table.is_live(b)).collect();
@@ -415,7 +422,7 @@ async fn scrape(shard: &Shard) -> String {
     let pending_prefill_tokens: Vec<u32> = (0..table.len())
         .map(|b| shared.pending_prefill.tokens(b))
         .collect();
-    let tenant_tiers: Vec<String> = shared.tenants.iter().map(|t| t.tier.clone()).collect();
+    let tenant_tiers = fleet.live.tenants.tiers();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
         .collect();
@@ -440,7 +447,8 @@ async fn scrape(shard: &Shard) -> String {
                 .load(std::sync::atomic::Ordering::Relaxed),
             tenants: &tenants,
             tenant_tiers: &tenant_tiers,
-            anonymous_tier: shared
+            anonymous_tier: fleet
+                .live
                 .config
                 .admission
                 .anonymous_tier

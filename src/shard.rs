@@ -4,12 +4,13 @@
 //! Everything a request touches lives here, owned by the shard's thread (`Rc`,
 //! `RefCell`): the router and its index replica, the upstream connection pool, the
 //! parsing scratch, the metrics. The only cross-thread state on the request path is
-//! the immutable [`Shared`] (start-up config, tenants) and the relaxed in-flight
+//! the immutable [`Shared`] (start-up config) and the relaxed in-flight
 //! counters. The coordinator reaches a shard through its command channel: new fleet
 //! snapshots (which carry the backend table and live settings), index events,
 //! metric collection. A snapshot with new live settings is installed between
 //! requests: per-backend state grows to the new slots, retired backends' pooled
-//! connections close, and the router is reconfigured.
+//! connections close, the router is reconfigured and the edge queue's bound
+//! follows the new settings.
 
 use crate::backends::MAX_BACKEND_SLOTS;
 use crate::config::{Config, Hashing};
@@ -21,7 +22,6 @@ use crate::pending_prefill::PendingPrefill;
 use crate::pool::UpstreamPool;
 use crate::proxy::queue::EdgeQueue;
 use crate::replica::{new_replica, IndexEvent, ReplicaSent};
-use crate::tenants::{Bucket, KeyTable, Tenant};
 use crate::token_mode::TokenHasher;
 use radixgate_orchestrator::{PromptHasher, Replica, RetryBudget, Router};
 use std::cell::{Cell, Ref, RefCell};
@@ -32,9 +32,9 @@ use std::time::Instant;
 
 /// Read-only state shared by every shard.
 pub struct Shared {
-    /// The config as started. Keys that can change at run time (backends, routing
-    /// policy and knobs, upstream, health, retry, breaker) are read from the fleet
-    /// snapshot's [`LiveConfig`](crate::backends::LiveConfig) instead.
+    /// The config as started. Keys that can change at run time (every key
+    /// [`crate::config::keys::KEYS`] classifies live, and the tenants) are read from
+    /// the fleet snapshot's [`LiveConfig`](crate::backends::LiveConfig) instead.
     pub config: Config,
     /// Per shard and backend slot, sized for [`MAX_BACKEND_SLOTS`].
     pub in_flight: InFlight,
@@ -63,8 +63,6 @@ pub struct Shared {
     pub epoch: Instant,
     /// Where each shard thread runs (written once by each, read by the admin API).
     pub placements: crate::placement::Placements,
-    pub tenants: Vec<Tenant>,
-    pub keys: KeyTable,
     /// Per backend, what its KV-event subscription applied (precise mode; the
     /// `radixgate-kv` thread writes, scrapes read).
     pub kv_events: Arc<[crate::kv_events::KvEventCounters]>,
@@ -91,37 +89,11 @@ impl Shared {
         outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
         access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
     ) -> Shared {
-        let mut keys = KeyTable::default();
-        let tenants = config
-            .tenants
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                for d in &t.key_digests {
-                    keys.insert(*d, i);
-                }
-                Tenant {
-                    name: t.name.clone(),
-                    tier: t.tier.clone(),
-                    admission: t.tier_config,
-                    // Derived from the tenant's key digests (secret to other
-                    // tenants), so no one can compute another tenant's cache salt.
-                    seed: xxhash_rust::xxh3::xxh3_64(&t.key_digests.concat())
-                        ^ xxhash_rust::xxh3::xxh3_64(t.name.as_bytes()),
-                    requests: t.requests_per_sec.map(|r| Bucket::new(r, 0)),
-                    tokens: t.tokens_per_sec.map(|r| Bucket::new(r, 0)),
-                    max_concurrency: t.max_concurrency,
-                    in_flight: Default::default(),
-                }
-            })
-            .collect();
         let epoch = Instant::now();
         Shared {
             kv_events: (0..config.backends.len())
                 .map(|_| Default::default())
                 .collect(),
-            tenants,
-            keys,
             index_events,
             outcomes,
             access_log,
@@ -313,7 +285,8 @@ impl Shard {
 
     /// Installs a new fleet snapshot. When it carries new live settings, per-backend
     /// state grows to the new slots, retired or re-addressed backends' idle pooled
-    /// connections close, and policies and the retry budget follow the new settings.
+    /// connections close, and policies, the cost model, the edge queue's bound and
+    /// the retry budget follow the new settings.
     fn install(&self, snapshot: Arc<FleetSnapshot>) {
         let old = std::mem::replace(&mut *self.fleet.borrow_mut(), snapshot.clone());
         if Arc::ptr_eq(&old.live, &snapshot.live) {
@@ -339,6 +312,8 @@ impl Shard {
         }
         drop(pool);
         self.router.borrow_mut().reconfigure(after.router.clone());
+        self.edge_queue
+            .set_capacity(after.config.admission.queue_capacity);
         let (r0, r1) = (&before.config.retry, &after.config.retry);
         if (r0.budget_ratio, r0.min_retries_per_sec) != (r1.budget_ratio, r1.min_retries_per_sec) {
             *self.retry_budget.borrow_mut() = RetryBudget::new(

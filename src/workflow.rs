@@ -77,14 +77,16 @@ pub async fn serve(
     request_id: &str,
 ) -> Result<bool, GatewayError> {
     let received = Instant::now();
-    let tenant = crate::proxy::authenticate(shard, head)?;
+    // Keys, quotas and limits as of this snapshot, for the whole workflow.
+    let live = shard.fleet.borrow().live.clone();
+    let tenant = crate::proxy::authenticate(shard, &live, head)?;
     // Under tenant prefix isolation a tenant's nodes hash and cache apart, as its
     // own requests do.
     let tenant_seed = tenant
         .filter(|_| shard.shared.config.tenant_prefix_isolation)
-        .map(|t| shard.shared.tenants[t].seed);
+        .map(|t| live.tenants.get(t).seed);
     let (nodes, stream) = parse(body)?;
-    let limits = shard.shared.config.workflows.limits;
+    let limits = live.config.workflows.limits;
     let specs: Vec<NodeSpec<'_>> = nodes
         .iter()
         .map(|n| NodeSpec {
@@ -105,7 +107,7 @@ pub async fn serve(
     // node; parents' outputs are not known yet) and reconciled with the nodes'
     // reported usage at the end. The workflow holds one concurrency slot.
     let now = shard.shared.now_ms();
-    let admission = match tenant.map(|t| &shard.shared.tenants[t]) {
+    let admission = match tenant.map(|t| &**live.tenants.get(t)) {
         None => None,
         Some(t) => {
             let tokens: u64 = nodes

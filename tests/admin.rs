@@ -1,6 +1,7 @@
 //! The admin API over real sockets: token protection, backend and index views,
 //! draining, adding and removing backends under load with zero errors, refused
-//! changes, and config reload through the endpoint.
+//! changes, config reload through the endpoint (backends, policy, tenants and their
+//! quotas, server limits) and `GET /admin/config`.
 
 mod common;
 
@@ -545,9 +546,18 @@ fn reload_applies_backends_and_policy(io: &str) {
     assert_eq!(s["backends"]["removed"], serde_json::json!(["e0"]));
     assert_eq!(
         s["changed"],
-        serde_json::json!(["routing.policy", "retry.max_attempts"])
+        serde_json::json!([
+            "backends.e0",
+            "backends.e1",
+            "retry.max_attempts",
+            "routing.policy"
+        ])
     );
     assert_eq!(s["restart_required"], serde_json::json!(["server.shards"]));
+    assert_eq!(
+        s["keys"][4],
+        serde_json::json!({"key": "server.shards", "status": "restart required"})
+    );
     let moved = eventually(Duration::from_secs(5), || {
         let r = Client::connect(addr).post("/v1/chat/completions", &chat_body("b", false), &[]);
         r.header("x-router-backend") == Some("e1")
@@ -655,3 +665,196 @@ fn a_models_last_backend_removed_makes_it_unknown(io: &str) {
     assert_eq!(models["data"].as_array().unwrap().len(), 1);
 }
 both_drivers!(a_models_last_backend_removed_makes_it_unknown);
+
+/// Waits until every shard has installed the snapshot a reload just published: the
+/// shards answer `GET /admin/shards` over the same FIFO command channel.
+fn installed(admin_addr: SocketAddr) {
+    let r = admin(admin_addr, "GET", "/admin/shards", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+fn tenant_toml(name: &str, key: &str, requests_per_sec: u32) -> String {
+    format!(
+        "[[tenants]]\nname = \"{name}\"\nkeys = [\"{}\"]\nrequests_per_sec = {requests_per_sec}\n",
+        radixgate::tenants::hash_key(key)
+    )
+}
+
+fn as_tenant(addr: SocketAddr, key: &str, content: &str) -> Response {
+    let auth = format!("Bearer {key}");
+    Client::connect(addr).post(
+        "/v1/chat/completions",
+        &chat_body(content, false),
+        &[("Authorization", &auth)],
+    )
+}
+
+fn reload_changes_tenant_quotas_keys_and_limits(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let config = |server: &str, tenants: &str| {
+        gateway_toml(
+            io,
+            2,
+            &format!(
+                "{server}\n[auth]\nrequired = true\n{tenants}\n{}",
+                admin_extra("round_robin")
+            ),
+            &[("e0", e0.url(), "sim")],
+        )
+    };
+    let file = temp_file(
+        &format!("reload-tenants-{io}.toml"),
+        &config("", &tenant_toml("acme", "sk-acme", 1)),
+    );
+    let gw = start_gateway_file(&file);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    // 1 request/s: the second in a row is refused.
+    assert_eq!(as_tenant(addr, "sk-acme", "a").status, 200);
+    let r = as_tenant(addr, "sk-acme", "b");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(as_tenant(addr, "sk-bob", "c").status, 401);
+    let long_uri = format!("/v1/models?{}", "q".repeat(100));
+    assert_eq!(Client::connect(addr).get(&long_uri).status, 200);
+
+    // A higher limit, a new tenant and a tighter URI limit, without a restart.
+    std::fs::write(
+        &file,
+        config(
+            "max_uri_bytes = 64",
+            &format!(
+                "{}{}",
+                tenant_toml("acme", "sk-acme", 1000),
+                tenant_toml("bob", "sk-bob", 1000)
+            ),
+        ),
+    )
+    .unwrap();
+    let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = r.json();
+    assert_eq!(
+        s["keys"],
+        serde_json::json!([
+            {"key": "server.max_uri_bytes", "status": "applied"},
+            {"key": "tenants.acme.requests_per_sec", "status": "applied"},
+            {"key": "tenants.bob", "status": "applied"},
+        ])
+    );
+    installed(admin_addr);
+    // Far more than 1/s now passes, on every shard.
+    for i in 0..20 {
+        let r = as_tenant(addr, "sk-acme", &format!("d{i}"));
+        assert_eq!(r.status, 200, "request {i} after the reload: {}", r.text());
+    }
+    assert_eq!(as_tenant(addr, "sk-bob", "e").status, 200);
+    let r = Client::connect(addr).get(&long_uri);
+    assert_eq!(r.status, 414, "{}", r.text());
+
+    // acme removed: its key stops working at once; bob's still works.
+    std::fs::write(&file, config("", &tenant_toml("bob", "sk-bob", 1000))).unwrap();
+    let s = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN)).json();
+    assert_eq!(
+        s["changed"],
+        serde_json::json!(["server.max_uri_bytes", "tenants.acme"])
+    );
+    installed(admin_addr);
+    assert_eq!(as_tenant(addr, "sk-acme", "f").status, 401);
+    assert_eq!(as_tenant(addr, "sk-bob", "g").status, 200);
+    // The removed tenant's slot still labels the 429 it got.
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(m.contains("tenant=\"acme\""), "{m}");
+    std::fs::remove_file(&file).ok();
+}
+both_drivers!(reload_changes_tenant_quotas_keys_and_limits);
+
+fn admin_config_shows_what_is_in_force(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let e1 = start_engine(io, EngineConfig::instant("sim"));
+    let digest = radixgate::tenants::hash_key("sk-acme");
+    let file = temp_file(
+        &format!("admin-config-{io}.toml"),
+        &reload_config(
+            io,
+            "round_robin",
+            &[("e0", e0.url(), "sim")],
+            &tenant_toml("acme", "sk-acme", 5),
+        ),
+    );
+    let gw = start_gateway_file(&file);
+    let admin_addr = gw.admin_addr().unwrap();
+    assert_eq!(admin(admin_addr, "GET", "/admin/config", None).status, 401);
+    assert_eq!(
+        admin(
+            admin_addr,
+            "GET",
+            "/admin/config",
+            Some("wrong-token-0123456789")
+        )
+        .status,
+        401
+    );
+    assert_eq!(
+        admin(admin_addr, "POST", "/admin/config", Some(TOKEN)).status,
+        405
+    );
+    let r = admin(admin_addr, "GET", "/admin/config", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let text = r.text();
+    assert!(!text.contains(&digest), "a key digest is shown: {text}");
+    assert!(!text.contains(TOKEN), "the admin token is shown: {text}");
+    let shown = r.json();
+    let c = &shown["config"];
+    assert_eq!(shown["source"], file.display().to_string());
+    assert_eq!(c["routing"]["policy"], "round_robin");
+    assert_eq!(c["routing"]["index_touch_ms"], 100, "defaults are shown");
+    assert_eq!(c["server"]["shards"], 2);
+    assert_eq!(c["backends"]["e0"]["url"], e0.url());
+    assert_eq!(
+        c["tenants"]["acme"]["keys"],
+        serde_json::json!(["<redacted>"])
+    );
+    assert_eq!(c["tenants"]["acme"]["requests_per_sec"], 5.0);
+
+    // A reload: live keys show their new values, a restart-only one its old value.
+    std::fs::write(
+        &file,
+        reload_config(
+            io,
+            "least_loaded",
+            &[("e0", e0.url(), "sim")],
+            &format!(
+                "[admission]\nqueue_timeout_ms = 777\n{}",
+                tenant_toml("acme", "sk-acme", 9)
+            ),
+        )
+        .replace("shards = 2", "shards = 3"),
+    )
+    .unwrap();
+    let r = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A backend added through the admin API is in force too.
+    let added = admin_with_body(
+        admin_addr,
+        "POST",
+        "/admin/backends",
+        Some(TOKEN),
+        &backend_json("e1", &e1.url()),
+    );
+    assert_eq!(added.status, 201, "{}", added.text());
+    let r = admin(admin_addr, "GET", "/admin/config", Some(TOKEN));
+    assert!(!r.text().contains(&digest));
+    let shown = r.json();
+    let c = &shown["config"];
+    assert_eq!(c["routing"]["policy"], "least_loaded");
+    assert_eq!(c["admission"]["queue_timeout_ms"], 777);
+    assert_eq!(c["tenants"]["acme"]["requests_per_sec"], 9.0);
+    assert_eq!(c["server"]["shards"], 2, "restart-only: as running");
+    assert_eq!(
+        shown["restart_pending"],
+        serde_json::json!(["server.shards"])
+    );
+    assert_eq!(c["backends"]["e1"]["url"], e1.url());
+    std::fs::remove_file(&file).ok();
+}
+both_drivers!(admin_config_shows_what_is_in_force);

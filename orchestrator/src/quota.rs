@@ -84,6 +84,21 @@ impl Bucket {
         }
     }
 
+    /// A bucket refilling `per_sec` tokens a second that carries this one's use
+    /// over: it starts at its own capacity less what this one lacks of its
+    /// capacity at `now_ms` (never below zero). So a raised limit gives its extra
+    /// room at once, and a lowered one grants no fresh burst.
+    pub fn rescaled(&self, per_sec: f64, now_ms: u64) -> Bucket {
+        let next = Bucket::new(per_sec, now_ms);
+        let used = self
+            .capacity_milli
+            .saturating_sub(self.refilled(self.state.load(Ordering::Relaxed), now_ms));
+        let start = next.capacity_milli.saturating_sub(used);
+        next.state
+            .store(pack(start, now_ms as u32), Ordering::Relaxed);
+        next
+    }
+
     pub fn remaining(&self, now_ms: u64) -> u64 {
         self.refilled(self.state.load(Ordering::Relaxed), now_ms) / 1000
     }
@@ -105,5 +120,16 @@ mod tests {
         assert_eq!(b.remaining(100), 5);
         b.adjust(-50, 100);
         assert_eq!(b.remaining(100), 0);
+    }
+
+    #[test]
+    fn a_rescaled_bucket_carries_what_was_used() {
+        let b = Bucket::new(10.0, 0);
+        b.take(4, 0).unwrap();
+        assert_eq!(b.rescaled(100.0, 0).remaining(0), 96);
+        assert_eq!(b.rescaled(2.0, 0).remaining(0), 0);
+        let lower = b.rescaled(5.0, 0);
+        assert_eq!(lower.remaining(0), 1);
+        assert_eq!(lower.take(1, 200), Ok(1), "refills at the new rate");
     }
 }

@@ -5,11 +5,11 @@
 //! every tenant must name one. Keyless requests use `admission.anonymous_tier`, or
 //! the built-in defaults (priority 0, no budget, never shed for pressure).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct AdmissionWire {
     /// Requests each shard may hold in its edge queue while every candidate backend
@@ -39,7 +39,7 @@ impl Default for AdmissionWire {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct TierWire {
     /// Edge-queue order: higher first (then earlier deadline).

@@ -9,7 +9,7 @@
 //! requests the gateway serves locally (conditional disaggregation, fallback).
 
 use super::BackendConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ impl Protocol {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ModelWire {
     /// Serve this model with a split prefill/decode pool.
@@ -44,7 +44,7 @@ pub(super) struct ModelWire {
     disagg: Option<DisaggWire>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct DisaggWire {
     /// "vllm" (prefill, then decode with its `kv_transfer_params`) or "sglang" (both

@@ -4,10 +4,10 @@
 //! is meant to reach a local OpenTelemetry Collector or agent (sidecar, node agent),
 //! which forwards with TLS and auth where needed.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct TracesWire {
     /// OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`; empty = off.

@@ -1,9 +1,9 @@
 //! `[workflows]`: the limits of `POST /v1/workflows` (wire struct and validation).
 
 use radixgate_orchestrator::dag::DagLimits;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct WorkflowsWire {
     /// Most nodes one workflow may hold (400 beyond).

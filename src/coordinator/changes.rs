@@ -10,6 +10,7 @@
 
 use super::{breaker_config, Coordinator};
 use crate::backends::{BackendTable, LiveConfig, MAX_BACKEND_SLOTS};
+use crate::config::keys::Class;
 use crate::config::{BackendConfig, Config};
 use crate::error::{ErrorKind, GatewayError};
 use crate::reload;
@@ -35,7 +36,7 @@ impl Coordinator {
         let id = backend.id.clone();
         let slot = self.add_slot(&mut table, backend)?;
         tracing::info!(backend = %id, slot, "admin: backend added");
-        self.set_live(LiveConfig::new(self.live.config.clone(), table));
+        self.set_live(self.live.with_backends(table));
         Ok(self.backend_json(slot))
     }
 
@@ -57,7 +58,7 @@ impl Coordinator {
         let mut table = self.live.backends.clone();
         self.retire_slot(&mut table, slot);
         tracing::info!(backend = %id, slot, "admin: backend removed");
-        self.set_live(LiveConfig::new(self.live.config.clone(), table));
+        self.set_live(self.live.with_backends(table));
         Ok(json!({
             "id": id,
             "removed": true,
@@ -70,7 +71,9 @@ impl Coordinator {
     /// the url changed), live settings are swapped, restart-only keys are reported
     /// and left as they are. Everything reaches the shards as one snapshot.
     pub(super) fn on_reload(&mut self, new: Config) -> Result<Value, GatewayError> {
-        let plan = reload::plan(&self.live.config, &new);
+        let running: Vec<&BackendConfig> = self.live.backends.live().map(|(_, b)| b).collect();
+        let plan = reload::plan(&self.live.config, &running, &new);
+        let new = &plan.config;
         let mut table = self.live.backends.clone();
         let old = &self.live.backends;
         let removed: Vec<usize> = old
@@ -112,8 +115,9 @@ impl Coordinator {
                 "updated": summary_updated,
                 "replaced": summary_replaced,
             },
-            "changed": plan.changed,
-            "restart_required": plan.restart_required,
+            "keys": plan.keys_json(),
+            "changed": plan.keys(Class::Live),
+            "restart_required": plan.keys(Class::Restart),
         });
 
         for slot in removed {
@@ -134,9 +138,16 @@ impl Coordinator {
                 self.declare(slot, blocks);
             }
         }
+        self.restart_pending = plan
+            .keys(Class::Restart)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let now = self.shared.now_ms();
+        let tenants = Arc::new(self.live.tenants.reloaded(&plan.config.tenants, now));
         self.breaker_config = breaker_config(&plan.config);
-        self.set_live(LiveConfig::new(plan.config, table));
-        tracing::info!(summary = %summary, "config reloaded");
+        self.set_live(LiveConfig::new(plan.config, table, tenants));
+        tracing::info!(keys = %reload::describe(&summary), summary = %summary, "config reloaded");
         Ok(summary)
     }
 

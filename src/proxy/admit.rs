@@ -132,8 +132,8 @@ impl Admission<'_> {
 
     fn check(&self, blocks: &[u64], may_wait: bool) -> Check {
         let shard = self.shard;
-        let shared = &shard.shared;
-        let cfg = &shared.config.admission;
+        let live = shard.fleet.borrow().live.clone();
+        let cfg = &live.config.admission;
         // A model left without backends leaves no candidates: routing answers it.
         let facts = routing_facts(self.facts, PolicyName::PrefixAware, blocks, None, &[], &[]);
         let estimate = with_fleet(shard, std::time::Instant::now(), |fleet| {
@@ -187,8 +187,15 @@ impl Admission<'_> {
             Verdict::Admit => Ok(None),
             Verdict::Shed(r) => Err(self.refuse(Refusal::Shed(r), check.best_ns)),
             Verdict::Wait => {
-                let mut deadline =
-                    Instant::now() + self.shard.shared.config.admission.queue_timeout;
+                let timeout = self
+                    .shard
+                    .fleet
+                    .borrow()
+                    .live
+                    .config
+                    .admission
+                    .queue_timeout;
+                let mut deadline = Instant::now() + timeout;
                 if let Some(b) = self.budget {
                     deadline = deadline.min(self.started + b);
                 }

@@ -17,6 +17,7 @@ mod route;
 mod wire;
 
 use crate::access_log::{AccessRecord, InlineId};
+use crate::backends::LiveConfig;
 use crate::config::Hashing;
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -75,15 +76,17 @@ pub async fn forward(
 ) -> Result<bool, GatewayError> {
     let shared = &shard.shared;
     let body: &[u8] = client_body;
-    let tenant = authenticate(shard, head)?;
+    // The live settings and tenants as of this snapshot, for the whole request.
+    let live = shard.fleet.borrow().live.clone();
+    let tenant = authenticate(shard, &live, head)?;
     let isolated = shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
-        (true, Some(t)) => shared.tenants[t].seed,
+        (true, Some(t)) => live.tenants.get(t).seed,
         _ => 0,
     };
     // A RAG request (a chat body with the member `routing.rag_field`, noticed by the
     // one parse) becomes a plain chat body first (crate::rag), which is parsed in turn.
-    let rag_field = &*shared.config.routing.rag_field;
+    let rag_field = &*live.config.routing.rag_field;
     let stop_at = (endpoint == Endpoint::ChatCompletions).then_some(rag_field);
     let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, stop_at)?;
     let normalised = match parsed {
@@ -107,11 +110,11 @@ pub async fn forward(
     }
     let policy = policy_for(shard, head)?;
     let tier = match tenant {
-        Some(t) => shared.tenants[t].admission,
-        None => shared.config.admission.anonymous,
+        Some(t) => live.tenants.get(t).admission,
+        None => live.config.admission.anonymous,
     };
     let budget = admit::budget(head, &tier)?;
-    let admission = match tenant.map(|t| &shared.tenants[t]) {
+    let admission = match tenant.map(|t| &**live.tenants.get(t)) {
         None => None,
         Some(t) => {
             let estimate = prompt_tokens
@@ -180,7 +183,7 @@ pub async fn forward(
     let salted;
     let upstream_body = match (isolated, tenant) {
         (true, Some(t)) => {
-            salted = Rc::new(with_cache_salt(body, shared.tenants[t].seed));
+            salted = Rc::new(with_cache_salt(body, live.tenants.get(t).seed));
             &salted
         }
         _ => body_shared,
@@ -292,15 +295,15 @@ pub(crate) const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
 /// `auth.required` is off and no key was sent).
 pub(crate) fn authenticate(
     shard: &Shard,
+    live: &LiveConfig,
     head: &RequestHead,
 ) -> Result<Option<usize>, GatewayError> {
-    let shared = &shard.shared;
     let unauthorized = |message: &str| {
         shard.metrics.borrow_mut().auth_failures += 1;
         GatewayError::new(ErrorKind::Unauthorized, message)
     };
     if head.authorization.is_empty() {
-        return if shared.config.auth_required {
+        return if live.config.auth_required {
             Err(unauthorized(
                 "You didn't provide an API key. Send `Authorization: Bearer <key>`.",
             ))
@@ -310,9 +313,9 @@ pub(crate) fn authenticate(
     }
     let key = crate::admin::bearer(head.authorization.as_bytes())
         .ok_or_else(|| unauthorized("Malformed Authorization header; expected `Bearer <key>`."))?;
-    match shared.keys.lookup(key) {
+    match live.tenants.lookup(key) {
         Some(t) => Ok(Some(t)),
-        None if shared.config.tenants.is_empty() && !shared.config.auth_required => Ok(None),
+        None if live.tenants.is_empty() && !live.config.auth_required => Ok(None),
         None => Err(unauthorized("Incorrect API key provided.")),
     }
 }

@@ -58,7 +58,7 @@ impl Ord for Entry {
 
 pub struct EdgeQueue {
     heap: RefCell<BinaryHeap<Entry>>,
-    capacity: usize,
+    capacity: Cell<usize>,
     next_seq: Cell<u64>,
 }
 
@@ -66,13 +66,19 @@ impl EdgeQueue {
     pub fn new(capacity: usize) -> Self {
         Self {
             heap: RefCell::new(BinaryHeap::with_capacity(capacity.min(1024))),
-            capacity,
+            capacity: Cell::new(capacity),
             next_seq: Cell::new(0),
         }
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity.get()
+    }
+
+    /// A reloaded `admission.queue_capacity`: bounds the next joins (requests
+    /// already waiting keep their places).
+    pub fn set_capacity(&self, capacity: usize) {
+        self.capacity.set(capacity);
     }
 
     pub fn len(&self) -> usize {
@@ -86,7 +92,7 @@ impl EdgeQueue {
     /// A place in the queue, or `None` when it is full.
     pub fn join(&self, priority: u8, deadline: Instant) -> Option<Place<'_>> {
         let mut heap = self.heap.borrow_mut();
-        if heap.len() >= self.capacity {
+        if heap.len() >= self.capacity.get() {
             return None;
         }
         let seq = self.next_seq.get();
