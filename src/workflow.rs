@@ -241,7 +241,7 @@ async fn run(
     let mut outcomes: Vec<Outcome> = nodes.iter().map(|_| Outcome::default()).collect();
     let mut running: Vec<(usize, JoinHandle<Result<Called, CallFailed>>)> = Vec::new();
     let mut spans: Vec<Option<ChildSpan>> = vec![None; nodes.len()];
-    let max_bytes = shard.shared.config.workflows.max_node_response_bytes;
+    let max_bytes = (shard.fleet.borrow().live.config.workflows).max_node_response_bytes;
     loop {
         let ready: Vec<usize> = plan.ready(&states).collect();
         for i in ready {

@@ -858,3 +858,43 @@ fn admin_config_shows_what_is_in_force(io: &str) {
     std::fs::remove_file(&file).ok();
 }
 both_drivers!(admin_config_shows_what_is_in_force);
+
+/// Admission's TTFT estimate follows reloaded `[routing.prefix_aware]` knobs (the
+/// shards' cost model used to be built once at start).
+fn reload_changes_what_admission_estimates(io: &str) {
+    let e0 = start_engine(io, EngineConfig::instant("sim"));
+    let config = |prefill_us: u32| {
+        reload_config(
+            io,
+            "round_robin",
+            &[("e0", e0.url(), "sim")],
+            &format!("[routing.prefix_aware]\nprefill_us_per_token = {prefill_us}"),
+        )
+    };
+    let file = temp_file(&format!("reload-admission-{io}.toml"), &config(1_000_000));
+    let gw = start_gateway_file(&file);
+    let (addr, admin_addr) = (gw.local_addr(), gw.admin_addr().unwrap());
+    let prompt = "a long enough prompt to fill several blocks ".repeat(8);
+    let ask = || {
+        Client::connect(addr).post(
+            "/v1/chat/completions",
+            &chat_body(&prompt, false),
+            &[("X-SLO-TTFT-Ms", "1000")],
+        )
+    };
+    // One second per uncached token: no budget of a second can be met.
+    let r = ask();
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.error_param_code().1, "slo_unattainable");
+    std::fs::write(&file, config(1)).unwrap();
+    let s = admin(admin_addr, "POST", "/admin/reload", Some(TOKEN)).json();
+    assert_eq!(
+        s["changed"],
+        serde_json::json!(["routing.prefix_aware.prefill_us_per_token"])
+    );
+    installed(admin_addr);
+    let r = ask();
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::fs::remove_file(&file).ok();
+}
+both_drivers!(reload_changes_what_admission_estimates);
