@@ -350,9 +350,16 @@ fn sighup_reloads_the_config_file_and_sigterm_exits_zero() {
     // Valid edit: e0 out, e1 in, another policy.
     std::fs::write(&file, serve_config("least_loaded", &[("e1", e1.url())])).unwrap();
     signal(&child.0, "HUP");
+    let mut reloaded = None;
     assert!(common::eventually(Duration::from_secs(10), || {
-        logged("SIGHUP: config reloaded").is_some()
+        reloaded = logged("SIGHUP: config reloaded");
+        reloaded.is_some()
     }));
+    // The log line names each changed key with its status.
+    assert_eq!(
+        reloaded.unwrap()["keys"],
+        "backends.e0 (applied), backends.e1 (applied), routing.policy (applied)"
+    );
     let r = ask();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-router-backend"), Some("e1"));
