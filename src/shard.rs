@@ -285,8 +285,8 @@ impl Shard {
 
     /// Installs a new fleet snapshot. When it carries new live settings, per-backend
     /// state grows to the new slots, retired or re-addressed backends' idle pooled
-    /// connections close, and policies, the cost model, the edge queue's bound and
-    /// the retry budget follow the new settings.
+    /// connections close, and the router (policies, cost model), the edge queue's
+    /// bound and the retry budget follow the new settings.
     fn install(&self, snapshot: Arc<FleetSnapshot>) {
         let old = std::mem::replace(&mut *self.fleet.borrow_mut(), snapshot.clone());
         if Arc::ptr_eq(&old.live, &snapshot.live) {
