@@ -6,7 +6,9 @@
 //! `user`, `stream_options`, `cache_salt` and the prompt (`tools` and `messages`, or
 //! `prompt`) are read; the prompt is streamed into the orchestrator's
 //! [`PromptHasher`] without building an intermediate string. Type errors name the
-//! offending `param`, as OpenAI does.
+//! offending `param`, as OpenAI does. A body with a duplicate key in any object is
+//! refused (400 `invalid_json`, `param` its path): the gateway would read the first
+//! occurrence and the engine (Python's `json`) reads the last.
 
 use crate::error::{ErrorKind, GatewayError};
 use radixgate_orchestrator::media::media_id;
@@ -76,8 +78,8 @@ impl ModelTable {
 
 /// Per-shard parsing state: the scanner's tape, reused from request to request (one
 /// per shard, so parsing allocates nothing once warm). Each object is read in one
-/// pass over its members, first occurrence winning as a keyed lookup would, instead
-/// of one linear `get` per field. (sonic-rs, the parser before this one, cost about
+/// pass over its members instead of one linear `get` per field (the scan has
+/// already refused duplicate keys, so which occurrence wins never matters). (sonic-rs, the parser before this one, cost about
 /// twice as much per request: it copies the body into a padded buffer and builds an
 /// allocated tree; benches/parse.rs measures both.)
 #[derive(Default)]
@@ -85,7 +87,8 @@ pub struct BodyParser {
     tape: Tape,
 }
 
-/// Member values of one JSON object, picked out in one pass (first occurrence wins).
+/// Member values of one JSON object, picked out in one pass (keys are unique: the
+/// scan refuses duplicates).
 fn pick<'t, const N: usize>(value: Json<'t>, keys: [&str; N]) -> [Option<Json<'t>>; N] {
     let mut found = [None; N];
     for (k, v) in value.members() {
@@ -124,14 +127,19 @@ impl BodyParser {
         seed_mix: u64,
         stop_at: Option<&str>,
     ) -> Result<Option<RequestFacts>, GatewayError> {
-        let value = self.tape.scan(body).map_err(|e| {
-            let message = match e {
-                tape::ScanError::TooDeep => format!("the request body {e}"),
-                tape::ScanError::Syntax { .. } => {
-                    format!("the request body is not valid JSON: {e}")
-                }
-            };
-            GatewayError::new(ErrorKind::MalformedJson, message)
+        let value = self.tape.scan(body).map_err(|e| match e {
+            tape::ScanError::TooDeep => {
+                GatewayError::new(ErrorKind::MalformedJson, format!("the request body {e}"))
+            }
+            tape::ScanError::Syntax { .. } => GatewayError::new(
+                ErrorKind::MalformedJson,
+                format!("the request body is not valid JSON: {e}"),
+            ),
+            tape::ScanError::DuplicateKey { ref path, .. } => GatewayError {
+                kind: ErrorKind::MalformedJson,
+                message: format!("the request body {e}: a key may appear only once in an object"),
+                param: Some(path.clone()),
+            },
         })?;
         if !value.is_object() {
             return Err(GatewayError::new(
@@ -677,6 +685,43 @@ mod tests {
         assert_eq!(e.status(), 404);
     }
 
+    #[test]
+    fn duplicate_keys_are_refused_naming_the_key() {
+        use Endpoint::*;
+        for (body, param) in [
+            (
+                r#"{"model":"sim","model":"other","messages":[{"role":"user","content":"x"}]}"#,
+                "model",
+            ),
+            (
+                r#"{"model":"sim","model":"other","messages":[{"role":"user","content":"x"}]}"#,
+                "model",
+            ),
+            (
+                r#"{"model":"sim","max_tokens":1,"max_tokens":3000,"messages":[{"role":"user","content":"x"}]}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"sim","messages":[{"role":"user","content":"x","role":"system"}]}"#,
+                "messages[0].role",
+            ),
+        ] {
+            let e = parse(ChatCompletions, body).unwrap_err();
+            assert_eq!((e.status(), e.code()), (400, "invalid_json"), "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            let key = param.rsplit('.').next().unwrap();
+            assert!(e.message.contains(&format!("`{key}`")), "{}", e.message);
+        }
+        let e = parse(Completions, r#"{"model":"sim","prompt":"a","prompt":"b"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        // The same key in different objects is no duplicate.
+        parse(
+            ChatCompletions,
+            r#"{"model":"sim","messages":[{"role":"user","content":"x"},{"role":"user","content":"y"}]}"#,
+        )
+        .unwrap();
+    }
+
     fn blocks_of(body: &str) -> Vec<u64> {
         let models = ModelTable::new(vec!["sim".into()]);
         let mut hasher = PromptHasher::new(NonZeroUsize::new(8).unwrap());
@@ -777,6 +822,16 @@ mod tests {
             r#"{"model":"sim","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"user":"u","messages":[{"role":"system","content":"a\nb\"c\u00e9\ud83d\ude00"},{"role":"user","name":"n\t","content":"x"}]}"#,
             r#"{"model":"sim","model":"other","messages":[{"role":"user","role":"x","content":"a","content":"b"}]}"#,
             r#"{"mod\u0065l":"sim","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"sim","mod\u0065l":"other","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"sim","max_tokens":1,"max_tokens":3000,"messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#,
+            r#"{"model":"sim","stream_options":{"include_usage":false,"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"sim","tools":[{"type":"function","function":{"name":"f","parameters":{"p":{"q":1},"p":2}}}],"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":"x","content":"y"}],"model":"sim"}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":"x"}],"x":{"a":1,"a":2},"x":3}"#,
+            r#"{"model":"sim","messages":[{"role":"user","content":"x","content":"y"}],"bad":tru}"#,
+            r#"{"model":"sim","a":{"model":"x"},"b":[{"model":"y"}],"messages":[{"role":"user","content":"model"}]}"#,
+            r#"[{"a":1,"a":2}]"#,
             r#"{"model":"sim","max_tokens":null,"max_completion_tokens":9,"stream":null,"user":null,"cache_salt":"s\n","messages":[{"role":"user","content":null}]}"#,
             r#"{"model":"sim","stream_options":[1],"messages":[{"role":"user"}]}"#,
             r#"{"model":"sim","stream_options":{"include_usage":"yes"},"messages":[{"role":"user","content":"x"}]}"#,

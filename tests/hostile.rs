@@ -313,3 +313,60 @@ fn hostile_json(io: &str) {
     still_serves(addr);
 }
 both_drivers!(hostile_json);
+
+/// A key twice in one object is refused, whatever the object and however the key is
+/// spelled (compared after unescaping): the gateway would read the first occurrence
+/// and the engine (Python's `json`) the last, so routing, quotas and `stream` could
+/// be sidestepped. 400 `invalid_json` naming the key's path; the connection stays
+/// usable, as for any JSON error; the same key in two different objects is fine.
+fn duplicate_json_keys(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    let user = r#"{"role":"user","content":"x"}"#;
+    let cases = [
+        (
+            format!(r#"{{"model":"nope","model":"sim","messages":[{user}]}}"#),
+            "model",
+        ),
+        (
+            format!(r#"{{"model":"nope","mod\u0065l":"sim","messages":[{user}]}}"#),
+            "model",
+        ),
+        (
+            format!(r#"{{"model":"sim","max_tokens":1,"max_tokens":3000,"messages":[{user}]}}"#),
+            "max_tokens",
+        ),
+        (
+            format!(
+                r#"{{"model":"sim","messages":[{user},{{"role":"user","content":"a","con\u0074ent":"b"}}]}}"#
+            ),
+            "messages[1].content",
+        ),
+        (
+            format!(
+                r#"{{"model":"sim","stream":false,"stream_options":{{"include_usage":true,"include_usage":false}},"messages":[{user}]}}"#
+            ),
+            "stream_options.include_usage",
+        ),
+    ];
+    let mut c = Client::connect(addr);
+    for (body, param) in &cases {
+        let r = c.post("/v1/chat/completions", body, &[]);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(
+            r.error_param_code(),
+            (Some(param.to_string()), "invalid_json".to_string()),
+            "{body}: {}",
+            r.text()
+        );
+        let key = param.rsplit('.').next().unwrap();
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(&format!("`{key}`")), "{message}");
+    }
+    // The same key in different objects (and as a value) is not a duplicate.
+    let fine = r#"{"model":"sim","max_tokens":4,"messages":[{"role":"system","content":"model"},{"role":"user","content":"x"}],"stream_options":{"model":"x"}}"#;
+    let r = c.post("/v1/chat/completions", fine, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    still_serves(addr);
+}
+both_drivers!(duplicate_json_keys);

@@ -3,7 +3,9 @@
 //! gateway's code, as the reference [`super::BodyParser`] must agree with in the
 //! tests and the `json_body` fuzz target: same facts, same errors (kind and param;
 //! the message too except for malformed JSON, whose detail is each parser's own),
-//! same canonical prompt stream (block hashes).
+//! same canonical prompt stream (block hashes). Duplicate keys are refused here by
+//! walking the tree (sonic-rs keeps every occurrence), independently of the tape's
+//! check: same rule, same `param`.
 
 use super::{Endpoint, ErrorKind, GatewayError, ModelTable, RequestFacts};
 use radixgate_orchestrator::media::media_id;
@@ -39,6 +41,13 @@ impl DomBodyParser {
                 format!("the request body is not valid JSON: {e}"),
             )
         })?;
+        if let Some(path) = first_duplicate(&value, String::new()) {
+            return Err(GatewayError {
+                kind: ErrorKind::MalformedJson,
+                message: format!("the request body has a duplicate key at `{path}`"),
+                param: Some(path),
+            });
+        }
         if !value.is_object() {
             return Err(GatewayError::new(
                 ErrorKind::MalformedJson,
@@ -106,6 +115,45 @@ impl DomBodyParser {
             affinity_key: hasher.affinity_key(),
             media,
         })
+    }
+}
+
+/// The path (`messages[0].role`) of the first duplicate key in `value`: objects in
+/// body order (an object before the values inside it), and within one object the
+/// first key already seen earlier in it. Keys in paths are cut to 64 bytes (at a
+/// char boundary, marked `…`), as the gateway quotes them.
+fn first_duplicate(value: &Value, path: String) -> Option<String> {
+    let join = |key: &str| {
+        let key = if key.len() > 64 {
+            let mut cut = 64;
+            while !key.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}…", &key[..cut])
+        } else {
+            key.to_string()
+        };
+        if path.is_empty() {
+            key
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    if let Some(map) = value.as_object() {
+        let mut seen = std::collections::HashSet::new();
+        for (k, _) in map.iter() {
+            if !seen.insert(k) {
+                return Some(join(k));
+            }
+        }
+        map.iter().find_map(|(k, v)| first_duplicate(v, join(k)))
+    } else if let Some(items) = value.as_array() {
+        items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| first_duplicate(v, format!("{path}[{i}]")))
+    } else {
+        None
     }
 }
 

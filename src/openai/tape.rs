@@ -32,6 +32,12 @@ pub enum ScanError {
     Syntax { what: &'static str, at: usize },
     /// Valid so far, but nested deeper than [`MAX_JSON_DEPTH`].
     TooDeep,
+    /// Valid JSON, but an object names `key` twice (compared after unescaping), at
+    /// `path` (`messages[0].role`; see [`duplicate_path`]). Engines built on Python's
+    /// `json` read the last occurrence and the gateway reads the first, so such a
+    /// body would be routed, admitted and accounted as one request and served as
+    /// another: it is refused.
+    DuplicateKey { key: String, path: String },
 }
 
 impl fmt::Display for ScanError {
@@ -39,6 +45,9 @@ impl fmt::Display for ScanError {
         match self {
             ScanError::Syntax { what, at } => write!(f, "{what} at byte {at}"),
             ScanError::TooDeep => write!(f, "nests deeper than {MAX_JSON_DEPTH} levels"),
+            ScanError::DuplicateKey { key, path } => {
+                write!(f, "has the key `{key}` twice (at `{path}`)")
+            }
         }
     }
 }
@@ -72,6 +81,11 @@ pub struct Tape {
     nodes: Vec<Node>,
     arena: String,
     open: Vec<u32>,
+    /// The objects' node indices in body order (of their opening braces), for the
+    /// duplicate-key check after the scan.
+    objects: Vec<u32>,
+    /// Scratch for that check: one object's key node indices.
+    keys: Vec<u32>,
 }
 
 /// A number as sonic-rs reads it: a non-negative integer that fits is a `u64`, a
@@ -98,6 +112,7 @@ impl Tape {
         self.nodes.clear();
         self.arena.clear();
         self.open.clear();
+        self.objects.clear();
         if self.arena.capacity() > ARENA_KEEP_BYTES {
             self.arena = String::new();
         }
@@ -116,6 +131,7 @@ impl Tape {
             tape: self,
         }
         .run()?;
+        self.refuse_duplicate_keys(text)?;
         Ok(Json {
             body: text,
             tape: self,
@@ -126,6 +142,135 @@ impl Tape {
 
 fn syntax(what: &'static str, at: usize) -> ScanError {
     ScanError::Syntax { what, at }
+}
+
+/// Objects with at most this many members are checked for duplicate keys pair by
+/// pair (request objects have a handful); larger ones by sorting their keys, so a
+/// hostile object with many keys costs `k log k`, not `k²`.
+const PAIRWISE_KEYS: usize = 16;
+
+/// Longest key text quoted in a duplicate-key error (a longer key is cut at a char
+/// boundary and marked with `…`), so a hostile key does not balloon the answer.
+pub const QUOTED_KEY_BYTES: usize = 64;
+
+/// `key` as quoted in a duplicate-key error: at most [`QUOTED_KEY_BYTES`] bytes of it.
+pub fn quoted_key(key: &str) -> String {
+    if key.len() <= QUOTED_KEY_BYTES {
+        return key.to_owned();
+    }
+    let mut cut = QUOTED_KEY_BYTES;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &key[..cut])
+}
+
+impl Tape {
+    /// The text of a string node (a key), from the body or the arena.
+    fn text<'s>(&'s self, body: &'s str, idx: u32) -> &'s str {
+        let n = self.nodes[idx as usize];
+        let range = n.start as usize..n.end as usize;
+        match n.kind {
+            Kind::EscapedStr => &self.arena[range],
+            _ => &body[range],
+        }
+    }
+
+    /// Every object of a scanned body, in body order: the first whose members name
+    /// a key twice is refused, naming the key's second occurrence (the earliest
+    /// second occurrence, if several keys repeat). Allocates nothing once warm (the
+    /// scratch is reused); only a refusal builds its strings.
+    fn refuse_duplicate_keys(&mut self, body: &str) -> Result<(), ScanError> {
+        let mut keys = std::mem::take(&mut self.keys);
+        let mut found = None;
+        for &object in &self.objects {
+            keys.clear();
+            let end = self.nodes[object as usize].next;
+            let mut idx = object + 1;
+            while idx < end {
+                keys.push(idx);
+                idx = self.nodes[idx as usize + 1].next;
+            }
+            let repeated = if keys.len() <= PAIRWISE_KEYS {
+                // A node's range is its text's (unescaped, for an escaped key), so
+                // keys of different lengths, the usual case, differ without a look.
+                let len = |k: u32| {
+                    let n = self.nodes[k as usize];
+                    n.end - n.start
+                };
+                (1..keys.len()).find_map(|j| {
+                    let (kj, lj) = (keys[j], len(keys[j]));
+                    keys[..j]
+                        .iter()
+                        .any(|&i| len(i) == lj && self.text(body, i) == self.text(body, kj))
+                        .then_some(kj)
+                })
+            } else {
+                // Sorted by text, then position: each later occurrence follows an
+                // equal one, and the earliest of those is the answer.
+                keys.sort_unstable_by(|&a, &b| {
+                    self.text(body, a).cmp(self.text(body, b)).then(a.cmp(&b))
+                });
+                keys.windows(2)
+                    .filter(|w| self.text(body, w[0]) == self.text(body, w[1]))
+                    .map(|w| w[1])
+                    .min()
+            };
+            if let Some(key) = repeated {
+                found = Some((object, key));
+                break;
+            }
+        }
+        self.keys = keys;
+        let Some((object, key)) = found else {
+            return Ok(());
+        };
+        let key = self.text(body, key);
+        let mut path = self.path_to(body, object);
+        if !path.is_empty() {
+            path.push('.');
+        }
+        let key = quoted_key(key);
+        path.push_str(&key);
+        Err(ScanError::DuplicateKey { key, path })
+    }
+
+    /// Where node `target` (a value) sits: `messages[0].content[1]`, empty for the
+    /// root. Keys are quoted with [`quoted_key`]. Only a refusal calls this.
+    fn path_to(&self, body: &str, target: u32) -> String {
+        let mut path = String::new();
+        let mut at = 0u32;
+        while at != target {
+            let n = self.nodes[at as usize];
+            let mut child = at + 1;
+            let mut item = 0usize;
+            loop {
+                // Members are key then value; items are values.
+                let value = if n.kind == Kind::Object {
+                    child + 1
+                } else {
+                    child
+                };
+                if (value..self.nodes[value as usize].next).contains(&target) {
+                    if n.kind == Kind::Object {
+                        if !path.is_empty() {
+                            path.push('.');
+                        }
+                        path.push_str(&quoted_key(self.text(body, child)));
+                    } else {
+                        path.push('[');
+                        path.push_str(itoa::Buffer::new().format(item));
+                        path.push(']');
+                    }
+                    at = value;
+                    break;
+                }
+                child = self.nodes[value as usize].next;
+                item += 1;
+            }
+        }
+        path
+    }
 }
 
 fn is_ws(c: u8) -> bool {
@@ -166,6 +311,9 @@ impl Scanner<'_> {
                     let object = self.b[i] == b'{';
                     let idx = self.push(if object { Kind::Object } else { Kind::Array }, i, i);
                     self.tape.open.push(idx as u32);
+                    if object {
+                        self.tape.objects.push(idx as u32);
+                    }
                     if self.tape.open.len() > MAX_JSON_DEPTH {
                         return Err(ScanError::TooDeep);
                     }
@@ -706,18 +854,84 @@ mod tests {
         }
     }
 
+    fn duplicate(body: &str) -> Option<(String, String)> {
+        match Tape::default().scan(body.as_bytes()) {
+            Err(ScanError::DuplicateKey { key, path }) => Some((key, path)),
+            Err(e) => panic!("{body}: {e}"),
+            Ok(_) => None,
+        }
+    }
+
+    #[test]
+    fn refuses_duplicate_keys_anywhere() {
+        let dup = |key: &str, path: &str| Some((key.to_string(), path.to_string()));
+        assert_eq!(
+            duplicate(r#"{"model":"a","model":"b"}"#),
+            dup("model", "model")
+        );
+        assert_eq!(
+            duplicate(r#"{"model":"a","model":"b"}"#),
+            dup("model", "model")
+        );
+        assert_eq!(
+            duplicate(r#"{"m":[{"role":"u","x":1},{"role":"u","c":2,"role":"s"}]}"#),
+            dup("role", "m[1].role")
+        );
+        assert_eq!(
+            duplicate(r#"[{},{"a":{"b":1,"b":2}}]"#),
+            dup("b", "[1].a.b")
+        );
+        // Outer objects first, and in one object the earliest second occurrence.
+        assert_eq!(
+            duplicate(r#"{"o":{"i":1,"i":1},"b":1,"a":1,"b":2,"a":2}"#),
+            dup("b", "b")
+        );
+        // The same key in different objects, or as a value, is fine.
+        for fine in [
+            r#"{"a":{"a":1},"b":[{"a":1},{"a":2}],"c":"a"}"#,
+            r#"{"ab":1,"a":1,"a\\":1,"A":1}"#,
+            r#"{}"#,
+            r#"[]"#,
+        ] {
+            assert_eq!(duplicate(fine), None, "{fine}");
+        }
+        // Large objects take the sorted path; the answer is the same.
+        let many: Vec<String> = (0..40).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        let body = format!(r#"{{{},"k7":0,"k3":0}}"#, many.join(","));
+        assert_eq!(duplicate(&body), dup("k7", "k7"));
+        assert_eq!(duplicate(&format!("{{{}}}", many.join(","))), None);
+        // Hostile keys are quoted cut short.
+        let long = "é".repeat(40);
+        let (key, _) = duplicate(&format!(r#"{{"{long}":1,"{long}":2}}"#)).unwrap();
+        assert!(key.len() <= QUOTED_KEY_BYTES + '…'.len_utf8(), "{key}");
+        assert!(key.ends_with('…'));
+        // Malformed JSON is reported as such, even after a duplicate.
+        assert!(matches!(
+            Tape::default().scan(br#"{"a":1,"a":2"#),
+            Err(ScanError::Syntax { .. })
+        ));
+    }
+
     #[test]
     fn the_tape_is_reused() {
         let mut tape = Tape::default();
-        let body = format!(r#"{{"s":"{}\n"}}"#, "x".repeat(100));
+        let body = format!(
+            r#"{{"s":"{}\n","m":[{{"role":"u","content":"c"}},{{"role":"a"}}]}}"#,
+            "x".repeat(100)
+        );
         tape.scan(body.as_bytes()).unwrap();
-        let (nodes, arena) = (tape.nodes.capacity(), tape.arena.capacity());
+        let capacities = |t: &Tape| {
+            (
+                t.nodes.capacity(),
+                t.arena.capacity(),
+                t.objects.capacity(),
+                t.keys.capacity(),
+            )
+        };
+        let warm = capacities(&tape);
         for _ in 0..10 {
             tape.scan(body.as_bytes()).unwrap();
         }
-        assert_eq!(
-            (tape.nodes.capacity(), tape.arena.capacity()),
-            (nodes, arena)
-        );
+        assert_eq!(capacities(&tape), warm);
     }
 }
