@@ -59,6 +59,10 @@ pub struct AccessRecord {
     pub cached_tokens: Option<u64>,
     pub prompt_tokens: Option<u64>,
     pub status: u16,
+    /// How the request ended: `completed` (an answer went out whole), `refused`
+    /// (the gateway answered itself with an error), `client_closed` (the client left
+    /// first; status 499).
+    pub outcome: &'static str,
     pub ttft_us: Option<u64>,
     pub total_us: u64,
     pub retries: u32,
@@ -87,6 +91,7 @@ impl AccessRecord {
             cached_tokens: None,
             prompt_tokens: None,
             status: error.status(),
+            outcome: "refused",
             ttft_us: None,
             total_us,
             retries: 0,
@@ -181,6 +186,7 @@ impl Writer {
             cached_tokens = r.cached_tokens,
             prompt_tokens = r.prompt_tokens,
             status = r.status,
+            outcome = r.outcome,
             ttft_ms = r.ttft_us.map(|us| us as f64 / 1000.0),
             total_ms = r.total_us as f64 / 1000.0,
             retries = r.retries,

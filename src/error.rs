@@ -48,7 +48,15 @@ pub enum ErrorKind {
     Overloaded,
     /// The request carries images or audio and no backend of its model takes them.
     UnsupportedMedia,
+    /// The client closed its connection before the answer was complete (nginx's
+    /// 499): never sent, only logged and counted. The upstream request is aborted
+    /// and the backend is not blamed.
+    ClientClosed,
 }
+
+/// The status logged and counted for a request whose client left first (nginx's 499
+/// "client closed request"; never sent, the connection is gone).
+pub const CLIENT_CLOSED: u16 = 499;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -102,6 +110,7 @@ impl GatewayError {
             ErrorKind::UriTooLong => 414,
             ErrorKind::RequestTimeout => 408,
             ErrorKind::UnsupportedMedia => 415,
+            ErrorKind::ClientClosed => CLIENT_CLOSED,
         }
     }
 
@@ -122,7 +131,8 @@ impl GatewayError {
             | ErrorKind::SloUnattainable
             | ErrorKind::UriTooLong
             | ErrorKind::RequestTimeout
-            | ErrorKind::UnsupportedMedia => Fault::Client,
+            | ErrorKind::UnsupportedMedia
+            | ErrorKind::ClientClosed => Fault::Client,
             ErrorKind::UpstreamRefused
             | ErrorKind::UpstreamTimeout
             | ErrorKind::UpstreamProtocol => Fault::Upstream,
@@ -180,6 +190,7 @@ impl GatewayError {
             ErrorKind::UriTooLong => "uri_too_long",
             ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::UnsupportedMedia => "unsupported_media",
+            ErrorKind::ClientClosed => "client_closed",
         }
     }
 
@@ -261,6 +272,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        499 => "Client Closed Request",
         500 => "Internal Server Error",
         502 => "Bad Gateway",
         503 => "Service Unavailable",

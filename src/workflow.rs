@@ -380,6 +380,7 @@ fn finish(
         cached_tokens: sum(|o| o.cached_tokens),
         prompt_tokens: sum(|o| o.prompt_tokens),
         status: 200,
+        outcome: "completed",
         ttft_us: None,
         total_us: received.elapsed().as_micros() as u64,
         retries: 0,

@@ -447,3 +447,104 @@ fn serve_logs_where_each_shard_runs() {
     drop(child);
     std::fs::remove_file(&file).ok();
 }
+
+/// A client that leaves before its answer is complete is logged as `status=499`,
+/// `outcome="client_closed"`, on both drivers: a non-streaming request left while
+/// the engine works on it, and a stream left after its first event (logged 200
+/// before issue 22).
+#[test]
+fn departed_clients_are_logged_499_client_closed() {
+    use radixgate::engine_sim::EngineConfig;
+    use std::io::Read;
+    use std::time::Duration;
+    for io in ["epoll", "io_uring"] {
+        let mut cfg = EngineConfig::instant("sim");
+        cfg.decode_per_token = Duration::from_millis(20);
+        let engine = common::start_engine(io, cfg);
+        let toml = serve_config("round_robin", &[("b0", engine.url())])
+            .replace("io = \"epoll\"", &format!("io = \"{io}\""))
+            .replace("access = false", "access = true");
+        let file = common::temp_file(&format!("client-closed-{io}.toml"), &toml);
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let child = Spawned(child);
+        let started = loop {
+            let mut line = String::new();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "no start line");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["message"] == "radixgate listening" {
+                break v;
+            }
+        };
+        let addr: std::net::SocketAddr = started["addr"].as_str().unwrap().parse().unwrap();
+        let running = |n: f64| {
+            common::eventually(Duration::from_secs(5), || {
+                let m = common::Client::connect(engine.addr())
+                    .get("/metrics")
+                    .text();
+                common::metric(&m, "vllm:num_requests_running") == Some(n)
+            })
+        };
+        let whole =
+            r#"{"model":"sim","max_tokens":1000,"messages":[{"role":"user","content":"x"}]}"#;
+        let mut c = common::Client::connect(addr);
+        c.send(&common::post_bytes(
+            "/v1/chat/completions",
+            whole,
+            &[("X-Request-Id", "left-waiting")],
+        ));
+        assert!(running(1.0), "{io}: the request never ran");
+        drop(c);
+        assert!(running(0.0), "{io}: the engine kept the request");
+        let streamed = r#"{"model":"sim","stream":true,"max_tokens":1000,"messages":[{"role":"user","content":"x"}]}"#;
+        let mut c = common::Client::connect(addr);
+        c.send(&common::post_bytes(
+            "/v1/chat/completions",
+            streamed,
+            &[("X-Request-Id", "left-streaming")],
+        ));
+        assert_eq!(c.read_head().0, 200);
+        drop(c);
+        assert!(running(0.0), "{io}: the engine kept the stream");
+        let r = common::Client::connect(addr).post(
+            "/v1/chat/completions",
+            &common::chat_body("done", false),
+            &[("X-Request-Id", "served")],
+        );
+        assert_eq!(r.status, 200);
+        signal(&child.0, "TERM");
+        let mut rest = String::new();
+        stderr.read_to_string(&mut rest).unwrap();
+        drop(child);
+        std::fs::remove_file(&file).ok();
+        let records: Vec<serde_json::Value> = rest
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == "request")
+            .collect();
+        let find = |id: &str| {
+            records
+                .iter()
+                .find(|v| v["request_id"] == id)
+                .unwrap_or_else(|| panic!("{io}: no record of {id} in {records:?}"))
+        };
+        for id in ["left-waiting", "left-streaming"] {
+            let r = find(id);
+            assert_eq!(r["status"], 499, "{io}: {r}");
+            assert_eq!(r["outcome"], "client_closed", "{io}: {r}");
+            assert_eq!(r["backend"], "b0", "{io}: {r}");
+        }
+        let r = find("served");
+        assert_eq!(
+            (r["status"].as_u64(), r["outcome"].as_str()),
+            (Some(200), Some("completed"))
+        );
+    }
+}

@@ -46,12 +46,91 @@ fn client_disconnect_mid_stream_releases_everything(io: &str) {
         }),
         "in-flight or engine slot not released after the client left"
     );
+    // Counted as the client's abort (499), not as a success.
+    let m = Client::connect(addr).get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_requests_total{backend=\"e0\",status=\"499\""),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "radixgate_requests_total{backend=\"e0\",status=\"200\""),
+        None,
+        "{m}"
+    );
     // The gateway still serves new streams.
     let r = Client::connect(addr).post("/v1/chat/completions", &stream_body(2), &[]);
     assert_eq!(r.status, 200);
     assert!(r.text().ends_with("data: [DONE]\n\n"));
 }
 both_drivers!(client_disconnect_mid_stream_releases_everything);
+
+/// Issue 22: five non-streaming requests to a slow engine (1,000 tokens at 20 ms
+/// each: 20 s of work) whose clients close 0.5 s after sending. The gateway watches
+/// each client while it waits for the answer: the upstream requests are aborted
+/// (their connections closed, and the engine, like vLLM, drops a request whose
+/// connection closed), so the engine's running count is 0 within a second; the
+/// in-flight and pending-prefill accounting is released; the requests count as 499;
+/// and the breaker, here opened by a single failure, stays closed.
+fn departed_non_streaming_clients_stop_the_engine(io: &str) {
+    let engine = slow_engine(io);
+    let gw = start_gateway(
+        io,
+        1,
+        "[breaker]\nfailure_threshold = 1\nopen_ms = 60000",
+        &[("e0", engine.url(), "sim")],
+    );
+    let addr = gw.local_addr();
+    let engine_addr = engine.addr();
+    let running = || {
+        let m = Client::connect(engine_addr).get("/metrics").text();
+        metric(&m, "vllm:num_requests_running")
+    };
+    let body = r#"{"model":"sim","stream":false,"max_tokens":1000,"messages":[{"role":"user","content":"write a long essay"}]}"#;
+    let clients: Vec<Client> = (0..5)
+        .map(|_| {
+            let mut c = Client::connect(addr);
+            c.send(&post_bytes("/v1/chat/completions", body, &[]));
+            c
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(5), || running() == Some(5.0)),
+        "the five requests never all ran on the engine"
+    );
+    pause(Duration::from_millis(500));
+    drop(clients);
+    let left = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(1), || running() == Some(0.0)),
+        "the engine still runs {:?} requests 1 s after their clients left",
+        running()
+    );
+    assert!(left.elapsed() < Duration::from_secs(1));
+    let released = eventually(Duration::from_secs(1), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_backend_in_flight{backend=\"e0\"}") == Some(0.0)
+            && metric(
+                &m,
+                "radixgate_backend_pending_prefill_tokens{backend=\"e0\"}",
+            ) == Some(0.0)
+            && metric(&m, "radixgate_requests_total{backend=\"e0\",status=\"499\"") == Some(5.0)
+    });
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(
+        released,
+        "accounting not released or 499s not counted:\n{m}"
+    );
+    assert_eq!(
+        metric(&m, "radixgate_breaker_state{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    // The backend still takes requests.
+    let r = Client::connect(addr).post("/v1/chat/completions", &stream_body(2), &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+both_drivers!(departed_non_streaming_clients_stop_the_engine);
 
 fn upstream_abort_mid_stream_ends_with_sse_error(io: &str) {
     let mut cfg = EngineConfig::instant("sim");

@@ -1,5 +1,8 @@
 //! The simulated engine's request handling: vLLM's endpoints, the batch and queue,
-//! and the OpenAI response shapes (plain JSON and SSE) with `cached_tokens`.
+//! and the OpenAI response shapes (plain JSON and SSE) with `cached_tokens`. Like
+//! vLLM, it aborts a request whose client disconnects (a failed write while
+//! streaming; a watched socket while prefilling or generating a whole answer), so
+//! `vllm:num_requests_running` drops when a gateway gives a request up.
 
 use super::disagg::{self as kv, Handoffs, Leg};
 use super::{EngineConfig, BYTES_PER_TOKEN};
@@ -347,8 +350,9 @@ impl Engine {
         if self.chance(self.config.spike_rate) {
             delay += self.config.spike;
         }
-        if !delay.is_zero() {
-            monoio::time::sleep(delay).await;
+        if !delay.is_zero() && !work_or_abort(conn, monoio::time::sleep(delay)).await {
+            self.counters.borrow_mut().requests_failed += 1;
+            return false;
         }
 
         let prefill_leg = matches!(leg, Leg::VllmPrefill | Leg::SglangPrefill { .. });
@@ -388,10 +392,11 @@ impl Engine {
                 .then_some(max_tokens / 2);
             self.stream_tokens(conn, endpoint, id, &usage, facts.include_usage, abort_at)
                 .await
-        } else {
-            self.decode_wait(max_tokens).await;
+        } else if work_or_abort(conn, self.decode_wait(max_tokens)).await {
             let body = full_body(endpoint, &self.config.model, id, &usage);
             reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
+        } else {
+            false
         };
         if let (Leg::SglangPrefill { room }, true) = (&leg, ok) {
             self.handoffs
@@ -680,6 +685,18 @@ fn fixed_body(model: &str) -> Vec<u8> {
 }
 
 /// Writes `event` as one HTTP chunk and clears it.
+/// Runs `work` (prefill or decode time) unless the client closes the connection
+/// first, as vLLM aborts a request whose client disconnected: false then, and the
+/// caller drops the request (its batch slot with it). A streamed request notices
+/// instead when a write fails.
+async fn work_or_abort(conn: &ClientConn, work: impl std::future::Future<Output = ()>) -> bool {
+    monoio::select! {
+        biased;
+        _ = work => true,
+        _ = crate::http::io::peer_closed(&conn.stream) => false,
+    }
+}
+
 async fn send_chunk(stream: &mut TcpStream, event: &mut Vec<u8>) -> bool {
     let mut chunk = Vec::with_capacity(event.len() + 12);
     let _ = write!(Utf8Vec(&mut chunk), "{:x}\r\n", event.len());

@@ -7,12 +7,20 @@
 //! the pool only when its response was read to the end. If the upstream breaks off
 //! an SSE stream at a chunk boundary, the client gets a final `data: {"error":...}`
 //! event and a properly ended body instead of a cut connection.
+//!
+//! A client that leaves is noticed whatever the response: a failed write while
+//! streaming, or, while the shard waits on the upstream (for the head of a
+//! non-streaming answer, or between body pieces), its socket watched for a close
+//! ([`read_watching`]). Either way the attempt ends as [`CLIENT_GONE`] at once: the
+//! upstream connection is dropped (closed, so the engine aborts the request), the
+//! in-flight and pending-prefill guards are released, the breaker is not told, and
+//! the request is logged and counted as 499 (`client_closed`).
 
 use super::route::Route;
 use super::wire::Outgoing;
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::http::chunked::ChunkedDecoder;
-use crate::http::io::read_append;
+use crate::http::io::{peer_closed, read_append};
 use crate::http::response::{parse_response_head, ResponseHead};
 use crate::http::BodyFraming;
 use crate::metrics::RequestKey;
@@ -70,6 +78,51 @@ impl Failure {
     }
 }
 
+/// How long an upstream read with a client behind it runs before the client's socket
+/// is watched as well: most reads finish sooner, and cost no more than before (one
+/// timer); a longer wait adds one readiness watch on the client.
+const WATCH_CLIENT_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How an upstream read watched by [`read_watching`] ended.
+enum Waited {
+    Read(std::io::Result<usize>),
+    TimedOut,
+    ClientGone,
+}
+
+/// Reads more of the upstream's answer into `buf` by `deadline`; if `client` is
+/// given and the read is still waiting [`WATCH_CLIENT_AFTER`] past `since`, the
+/// client's socket is watched too ([`peer_closed`]), so a departed client ends the
+/// wait at once. The read itself is never dropped half-done while it may still
+/// complete, only when the wait ends for another reason (and the connection with it).
+async fn read_watching(
+    upstream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    since: Instant,
+    deadline: Instant,
+    client: Option<&TcpStream>,
+) -> Waited {
+    let mut read = std::pin::pin!(read_append(upstream, buf, 16 << 10));
+    let watch_at = since + WATCH_CLIENT_AFTER;
+    let Some(client) = client.filter(|_| watch_at < deadline) else {
+        return match monoio::time::timeout_at(deadline, read).await {
+            Ok(r) => Waited::Read(r),
+            Err(_) => Waited::TimedOut,
+        };
+    };
+    if let Ok(r) = monoio::time::timeout_at(watch_at, &mut read).await {
+        return Waited::Read(r);
+    }
+    monoio::select! {
+        biased;
+        r = &mut read => Waited::Read(r),
+        _ = monoio::time::sleep_until(deadline) => Waited::TimedOut,
+        _ = peer_closed(client) => Waited::ClientGone,
+    }
+}
+
+/// The client left (a failed write, or a close seen while waiting). Built only by
+/// [`Exchange::client_gone`], which also records the 499.
 const CLIENT_GONE: Failure = Failure::AfterResponse {
     upstream_fault: false,
     keep_open: false,
@@ -174,6 +227,23 @@ pub(super) struct Exchange<'s> {
 }
 
 impl Exchange<'_> {
+    /// The client left: the attempt is logged and counted as 499 (not the upstream's
+    /// status), and ends as [`CLIENT_GONE`] (not the backend's fault).
+    fn client_gone(&mut self) -> Failure {
+        self.status = CLIENT_CLOSED;
+        CLIENT_GONE
+    }
+
+    /// How the attempt ended, for the access log: `client_closed` when the client
+    /// left before the answer was complete, else `completed`.
+    pub fn outcome(&self) -> &'static str {
+        if self.status == CLIENT_CLOSED {
+            "client_closed"
+        } else {
+            "completed"
+        }
+    }
+
     /// The engine has answered: its prefill for this request is done.
     fn got_first_byte(&mut self) {
         let now = Instant::now();
@@ -199,7 +269,11 @@ impl Exchange<'_> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
         let (mut upstream, mut buf, head_len, mut resp) =
-            self.send(request, body).await.map_err(Failure::Retryable)?;
+            match self.send(request, body, Some(&*client)).await {
+                Ok(sent) => sent,
+                Err(e) if e.kind == ErrorKind::ClientClosed => return Err(self.client_gone()),
+                Err(e) => return Err(Failure::Retryable(e)),
+            };
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
             shard.give_buffer(buf);
@@ -245,20 +319,30 @@ impl Exchange<'_> {
         shard.give_buffer(out);
         if r.is_err() {
             shard.give_buffer(buf);
-            return Err(CLIENT_GONE);
+            return Err(self.client_gone());
         }
 
         // The rest of the body, piece by piece as it arrives.
         while !tracker.done() {
             buf.clear();
-            let read =
-                monoio::time::timeout(idle_timeout, read_append(&mut upstream, &mut buf, 16 << 10))
-                    .await;
+            let now = Instant::now();
+            let read = read_watching(
+                &mut upstream,
+                &mut buf,
+                now,
+                now + idle_timeout,
+                Some(&*client),
+            )
+            .await;
             match read {
-                Ok(Ok(n)) if n > 0 => {}
-                Ok(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
+                Waited::Read(Ok(n)) if n > 0 => {}
+                Waited::Read(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
                     shard.give_buffer(buf);
                     return Ok(false);
+                }
+                Waited::ClientGone => {
+                    shard.give_buffer(buf);
+                    return Err(self.client_gone());
                 }
                 _ => {
                     let ended_cleanly = resp.event_stream
@@ -284,7 +368,8 @@ impl Exchange<'_> {
             let (r, b) = client.write_all(buf).await;
             buf = b;
             if r.is_err() {
-                return Err(CLIENT_GONE);
+                shard.give_buffer(buf);
+                return Err(self.client_gone());
             }
         }
         shard.give_buffer(buf);
@@ -328,7 +413,7 @@ impl Exchange<'_> {
     ) -> Result<Vec<u8>, GatewayError> {
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
-        let (mut upstream, mut buf, head_len, mut resp) = self.send(request, None).await?;
+        let (mut upstream, mut buf, head_len, mut resp) = self.send(request, None, None).await?;
         self.status = resp.status;
         shard.give_buffer(resp.take_buffer());
         self.got_first_byte();
@@ -386,10 +471,13 @@ impl Exchange<'_> {
 
     /// Sends the request and reads the response head. A pooled connection that
     /// turns out to be dead before answering anything is replaced by a fresh one.
+    /// With `client`, a client that leaves meanwhile ends the wait with
+    /// [`ErrorKind::ClientClosed`] (the upstream connection is dropped, not pooled).
     async fn send(
         &mut self,
         request: Vec<u8>,
         body: Option<&Rc<Vec<u8>>>,
+        client: Option<&TcpStream>,
     ) -> Result<(TcpStream, Vec<u8>, usize, ResponseHead), GatewayError> {
         let shard = self.shard;
         let upstream = shard.fleet.borrow().live.config.upstream.clone();
@@ -427,13 +515,22 @@ impl Exchange<'_> {
             }
             buf.clear();
             loop {
-                let read = monoio::time::timeout_at(
-                    deadline,
-                    read_append(&mut stream, &mut buf, 16 << 10),
-                )
-                .await;
+                let read = read_watching(&mut stream, &mut buf, start, deadline, client).await;
+                let read = match read {
+                    Waited::Read(r) => Ok(r),
+                    Waited::TimedOut => Err(()),
+                    Waited::ClientGone => {
+                        return Err(GatewayError::new(
+                            ErrorKind::ClientClosed,
+                            format!(
+                                "the client left while backend `{}` was working on the request",
+                                backend.id
+                            ),
+                        ))
+                    }
+                };
                 match read {
-                    Err(_) => {
+                    Err(()) => {
                         return Err(GatewayError::new(
                             ErrorKind::UpstreamTimeout,
                             format!(

@@ -615,6 +615,7 @@ fn log(
         cached_tokens: usage.cached_tokens,
         prompt_tokens: usage.prompt_tokens,
         status: exchange.status,
+        outcome: exchange.outcome(),
         ttft_us: exchange
             .first_byte
             .map(|f| f.saturating_duration_since(exchange.started).as_micros() as u64),
@@ -642,6 +643,7 @@ fn log_answer(
     let record = AccessRecord {
         backend: Some(backend),
         status,
+        outcome: "refused",
         retries,
         ..routed_record(shard, req, route)
     };
@@ -664,6 +666,7 @@ fn routed_record(shard: &Shard, req: &Request<'_>, route: &route::Route) -> Acce
         cached_tokens: None,
         prompt_tokens: None,
         status: 0,
+        outcome: "completed",
         ttft_us: None,
         total_us: req.started.elapsed().as_micros() as u64,
         retries: 0,
