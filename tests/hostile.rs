@@ -370,3 +370,60 @@ fn duplicate_json_keys(io: &str) {
     still_serves(addr);
 }
 both_drivers!(duplicate_json_keys);
+
+/// Chunk-size lines, extensions and trailers may add at most 64 KiB to a chunked
+/// body's payload, whatever `max_body_bytes` allows (issue 22 found a 70,000-byte
+/// extension and 3,000 trailers accepted): exactly 64 KiB of framing is served, one
+/// byte more is 413 and the connection closed; for a chunk extension and for
+/// trailers.
+fn chunked_framing_overhead_limit(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    const LIMIT: usize = 64 << 10;
+    let payload = chat_body("x", false);
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let chunk = format!("{:x}\r\n{payload}\r\n", payload.len());
+    let chunk_overhead = chunk.len() - payload.len();
+    // The last chunk's extension carries the rest of `overhead`.
+    let with_extension = |overhead: usize| {
+        let ext = overhead - chunk_overhead - "0;\r\n\r\n".len();
+        format!("{head}{chunk}0;{}\r\n\r\n", "e".repeat(ext))
+    };
+    // Trailer lines of up to 100 bytes (`X-T: vvv\r\n`) carry the rest.
+    let with_trailers = |overhead: usize| {
+        let mut left = overhead - chunk_overhead - "0\r\n\r\n".len();
+        let mut trailers = String::new();
+        while left > 0 {
+            let line = if left >= 107 { 100 } else { left };
+            trailers.push_str(&format!("X-T: {}\r\n", "v".repeat(line - 7)));
+            left -= line;
+        }
+        format!("{head}{chunk}0\r\n{trailers}\r\n")
+    };
+    for (what, request) in [
+        ("extension", &with_extension as &dyn Fn(usize) -> String),
+        ("trailers", &with_trailers),
+    ] {
+        let at_limit = request(LIMIT);
+        assert_eq!(at_limit.len() - head.len() - payload.len(), LIMIT);
+        let mut c = Client::connect(addr);
+        c.send(at_limit.as_bytes());
+        let r = c.read_response();
+        assert_eq!(r.status, 200, "{what} at the limit: {}", r.text());
+        assert_eq!(
+            c.get("/health").status,
+            200,
+            "{what}: the connection stays usable"
+        );
+        let over = request(LIMIT + 1);
+        let mut c = Client::connect(addr);
+        let _ = c.stream().write_all(over.as_bytes());
+        let r = c.read_response();
+        assert_eq!(r.status, 413, "{what} past the limit: {}", r.text());
+        assert_eq!(r.error_param_code().1, "request_too_large");
+        assert!(c.is_closed(), "{what} past the limit");
+    }
+    still_serves(addr);
+}
+both_drivers!(chunked_framing_overhead_limit);
