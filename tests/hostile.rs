@@ -427,3 +427,56 @@ fn chunked_framing_overhead_limit(io: &str) {
     still_serves(addr);
 }
 both_drivers!(chunked_framing_overhead_limit);
+
+/// Request targets per RFC 9112 §3.2: absolute-form (`POST http://host/v1/...`),
+/// which a server must accept, is served by its path and query (and the upstream
+/// gets origin-form); a target that is neither a path nor an absolute URI with an
+/// authority is 400 `bad_request` and closed (it was a 404 on an open connection).
+fn absolute_form_targets(io: &str) {
+    let up = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let gw = start_gateway(io, 1, LIMITS, &[("b0", up.url(), "sim")]);
+    let addr = gw.local_addr();
+    let body = chat_body("abs", false);
+    let mut c = Client::connect(addr);
+    for target in [
+        "http://gw.example/v1/chat/completions",
+        "HTTP://gw.example:8080/v1/chat/completions?x=1",
+        "https://user@gw.example/v1/chat/completions",
+    ] {
+        let r = c.post(target, &body, &[]);
+        assert_eq!(r.status, 200, "{target}: {}", r.text());
+    }
+    assert_eq!(c.get("http://gw.example/health").status, 200);
+    let r = c.get("http://gw.example");
+    assert_eq!(r.status, 404, "{}", r.text());
+    // Still the same, open connection.
+    assert_eq!(c.get("/health").status, 200);
+    let seen = up.seen.lock().unwrap();
+    let lines: Vec<&str> = seen
+        .iter()
+        .map(|s| s.head.lines().next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /v1/chat/completions HTTP/1.1",
+            "POST /v1/chat/completions?x=1 HTTP/1.1",
+            "POST /v1/chat/completions HTTP/1.1",
+        ]
+    );
+    drop(seen);
+    for target in [
+        "v1/chat/completions",
+        "http:///v1/chat/completions",
+        "gw.example:80",
+        "ftp://h/v1/x",
+    ] {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: t\r\n\r\n");
+        expect_error(addr, req.as_bytes(), 400, "bad_request");
+    }
+    still_serves(addr);
+}
+both_drivers!(absolute_form_targets);
