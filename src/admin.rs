@@ -69,18 +69,36 @@ pub fn serve(
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
+                // One write per response already; no Nagle wait on small answers.
+                let _ = stream.set_nodelay(true);
                 handle(stream, &ctx);
             }
             Err(_) => {
-                if !matches!(
-                    stop.recv_timeout(Duration::from_millis(25)),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout)
-                ) {
+                if !matches!(stop.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
                     return;
                 }
+                wait_for_connection(&listener, STOP_CHECK);
             }
         }
     }
+}
+
+/// How often the idle admin thread checks whether the gateway is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(25);
+
+/// Blocks until `listener` has a connection to accept or `timeout` passes. The
+/// thread used to sleep `timeout` between accept attempts instead, so every admin
+/// request that found it idle waited up to 25 ms before being read (issue 22's
+/// "admin latency"); `poll` wakes as the connection arrives.
+fn wait_for_connection(listener: &TcpListener, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut pollfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the listener's open socket, borrowed for the call.
+    unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as libc::c_int) };
 }
 
 struct Context {

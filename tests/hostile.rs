@@ -370,3 +370,113 @@ fn duplicate_json_keys(io: &str) {
     still_serves(addr);
 }
 both_drivers!(duplicate_json_keys);
+
+/// Chunk-size lines, extensions and trailers may add at most 64 KiB to a chunked
+/// body's payload, whatever `max_body_bytes` allows (issue 22 found a 70,000-byte
+/// extension and 3,000 trailers accepted): exactly 64 KiB of framing is served, one
+/// byte more is 413 and the connection closed; for a chunk extension and for
+/// trailers.
+fn chunked_framing_overhead_limit(io: &str) {
+    let (_e, gw) = gateway(io);
+    let addr = gw.local_addr();
+    const LIMIT: usize = 64 << 10;
+    let payload = chat_body("x", false);
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let chunk = format!("{:x}\r\n{payload}\r\n", payload.len());
+    let chunk_overhead = chunk.len() - payload.len();
+    // The last chunk's extension carries the rest of `overhead`.
+    let with_extension = |overhead: usize| {
+        let ext = overhead - chunk_overhead - "0;\r\n\r\n".len();
+        format!("{head}{chunk}0;{}\r\n\r\n", "e".repeat(ext))
+    };
+    // Trailer lines of up to 100 bytes (`X-T: vvv\r\n`) carry the rest.
+    let with_trailers = |overhead: usize| {
+        let mut left = overhead - chunk_overhead - "0\r\n\r\n".len();
+        let mut trailers = String::new();
+        while left > 0 {
+            let line = if left >= 107 { 100 } else { left };
+            trailers.push_str(&format!("X-T: {}\r\n", "v".repeat(line - 7)));
+            left -= line;
+        }
+        format!("{head}{chunk}0\r\n{trailers}\r\n")
+    };
+    for (what, request) in [
+        ("extension", &with_extension as &dyn Fn(usize) -> String),
+        ("trailers", &with_trailers),
+    ] {
+        let at_limit = request(LIMIT);
+        assert_eq!(at_limit.len() - head.len() - payload.len(), LIMIT);
+        let mut c = Client::connect(addr);
+        c.send(at_limit.as_bytes());
+        let r = c.read_response();
+        assert_eq!(r.status, 200, "{what} at the limit: {}", r.text());
+        assert_eq!(
+            c.get("/health").status,
+            200,
+            "{what}: the connection stays usable"
+        );
+        let over = request(LIMIT + 1);
+        let mut c = Client::connect(addr);
+        let _ = c.stream().write_all(over.as_bytes());
+        let r = c.read_response();
+        assert_eq!(r.status, 413, "{what} past the limit: {}", r.text());
+        assert_eq!(r.error_param_code().1, "request_too_large");
+        assert!(c.is_closed(), "{what} past the limit");
+    }
+    still_serves(addr);
+}
+both_drivers!(chunked_framing_overhead_limit);
+
+/// Request targets per RFC 9112 §3.2: absolute-form (`POST http://host/v1/...`),
+/// which a server must accept, is served by its path and query (and the upstream
+/// gets origin-form); a target that is neither a path nor an absolute URI with an
+/// authority is 400 `bad_request` and closed (it was a 404 on an open connection).
+fn absolute_form_targets(io: &str) {
+    let up = ScriptedUpstream::start(Script::Reply(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            .to_vec(),
+    ]));
+    let gw = start_gateway(io, 1, LIMITS, &[("b0", up.url(), "sim")]);
+    let addr = gw.local_addr();
+    let body = chat_body("abs", false);
+    let mut c = Client::connect(addr);
+    for target in [
+        "http://gw.example/v1/chat/completions",
+        "HTTP://gw.example:8080/v1/chat/completions?x=1",
+        "https://user@gw.example/v1/chat/completions",
+    ] {
+        let r = c.post(target, &body, &[]);
+        assert_eq!(r.status, 200, "{target}: {}", r.text());
+    }
+    assert_eq!(c.get("http://gw.example/health").status, 200);
+    let r = c.get("http://gw.example");
+    assert_eq!(r.status, 404, "{}", r.text());
+    // Still the same, open connection.
+    assert_eq!(c.get("/health").status, 200);
+    let seen = up.seen.lock().unwrap();
+    let lines: Vec<&str> = seen
+        .iter()
+        .map(|s| s.head.lines().next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /v1/chat/completions HTTP/1.1",
+            "POST /v1/chat/completions?x=1 HTTP/1.1",
+            "POST /v1/chat/completions HTTP/1.1",
+        ]
+    );
+    drop(seen);
+    for target in [
+        "v1/chat/completions",
+        "http:///v1/chat/completions",
+        "gw.example:80",
+        "ftp://h/v1/x",
+    ] {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: t\r\n\r\n");
+        expect_error(addr, req.as_bytes(), 400, "bad_request");
+    }
+    still_serves(addr);
+}
+both_drivers!(absolute_form_targets);

@@ -48,8 +48,9 @@ impl RequestLimits {
 }
 
 /// Chunk-size lines, extensions and trailers a chunked body may add on top of its
-/// payload.
-const MAX_CHUNKED_OVERHEAD: usize = 64 << 10;
+/// payload (the wire bytes of the body less its payload); one byte more is refused
+/// with 413, whatever `max_body_bytes` allows.
+pub const MAX_CHUNKED_OVERHEAD: usize = 64 << 10;
 
 pub struct ClientConn {
     pub stream: TcpStream,
@@ -199,8 +200,17 @@ impl ClientConn {
                         })
                         .map_err(|e| GatewayError::new(ErrorKind::BadHttp, e.to_string()))?;
                     wire_bytes += used;
-                    if over || wire_bytes > max.saturating_add(MAX_CHUNKED_OVERHEAD) {
+                    if over {
                         return Err(body_too_large(limits.max_body_bytes));
+                    }
+                    // What the framing added so far; it only grows as the body comes.
+                    if wire_bytes - self.body.len() > MAX_CHUNKED_OVERHEAD {
+                        return Err(GatewayError::new(
+                            ErrorKind::BodyTooLarge,
+                            format!(
+                                "the chunked framing (size lines, extensions, trailers) exceeds {MAX_CHUNKED_OVERHEAD} bytes"
+                            ),
+                        ));
                     }
                     consume_front(&mut self.buf, used);
                     if decoder.is_done() {

@@ -63,6 +63,39 @@ impl RequestHead {
     }
 }
 
+/// Writes the origin-form (path and query) of a request target into `out`; false
+/// when it has none. Origin-form (`/v1/...`) is kept as is, and so is `*` (OPTIONS;
+/// no route takes it). Absolute-form (`http://host/v1/...?q`, any case of `http` or
+/// `https`), which RFC 9112 §3.2.2 says a server MUST accept, is read as its path and
+/// query (`/` when it has none); its authority is not used (the gateway routes by
+/// `model`, and names each backend itself upstream). Anything else (authority-form,
+/// a relative path, an absolute URI without an authority) is refused: 400 and close.
+fn origin_form(target: &str, out: &mut String) -> bool {
+    if target.starts_with('/') || target == "*" {
+        out.push_str(target);
+        return true;
+    }
+    let b = target.as_bytes();
+    let scheme = if b.len() >= 7 && b[..7].eq_ignore_ascii_case(b"http://") {
+        7
+    } else if b.len() >= 8 && b[..8].eq_ignore_ascii_case(b"https://") {
+        8
+    } else {
+        return false;
+    };
+    let rest = &target[scheme..];
+    let authority = rest.find(['/', '?']).unwrap_or(rest.len());
+    if authority == 0 {
+        return false;
+    }
+    let path = &rest[authority..];
+    if !path.starts_with('/') {
+        out.push('/');
+    }
+    out.push_str(path);
+    true
+}
+
 /// Gateway control headers: read by radixgate, never forwarded.
 fn is_gateway_header(name: &str) -> bool {
     const OWN: [&str; 8] = [
@@ -111,7 +144,12 @@ pub fn parse_request_head(
         _ => Method::Other,
     });
     head.path.clear();
-    head.path.push_str(req.path.unwrap_or("/"));
+    if !origin_form(req.path.unwrap_or("/"), &mut head.path) {
+        return Err(GatewayError::new(
+            ErrorKind::BadHttp,
+            "the request target must be a path (`/v1/...`) or an absolute URI (`http://host/v1/...`)",
+        ));
+    }
     let http10 = req.version == Some(0);
     head.keep_alive = !http10;
     head.expect_continue = false;
@@ -253,6 +291,28 @@ mod tests {
         let mut head = RequestHead::default();
         let n = parse_request_head(raw, &mut head)?.expect("complete");
         Ok((head, n))
+    }
+
+    #[test]
+    fn absolute_form_targets_are_read_as_their_path() {
+        let target = |t: &str| {
+            let raw = format!("GET {t} HTTP/1.1\r\nHost: a\r\n\r\n");
+            parse(raw.as_bytes()).map(|(h, _)| h.path)
+        };
+        for (t, path) in [
+            ("/v1/models?x=1", "/v1/models?x=1"),
+            ("*", "*"),
+            ("http://h/v1/models", "/v1/models"),
+            ("HTTPS://u@h:443/v1/models?x", "/v1/models?x"),
+            ("http://h", "/"),
+            ("http://h?q=1", "/?q=1"),
+        ] {
+            assert_eq!(target(t).unwrap(), path, "{t}");
+        }
+        for bad in ["v1/models", "http:///v1", "h:80", "ftp://h/", "http:/h/x"] {
+            let e = target(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::BadHttp, "{bad}");
+        }
     }
 
     #[test]
