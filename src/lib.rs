@@ -13,6 +13,7 @@ pub mod access_log;
 pub mod admin;
 pub mod backends;
 pub mod chat_template;
+pub mod cluster;
 pub mod config;
 pub mod coordinator;
 pub mod demo;

@@ -5,11 +5,20 @@
 //! Everything here is deliberately plain: blocking std TCP, one thread per connection,
 //! no async runtime and no JSON library, so that the tool measuring the gateway shares
 //! none of its machinery (the simulator shares exactly one thing on purpose: the
-//! orchestrator's decision code). The `radixgate-bench` binary in `main.rs` is a thin
-//! CLI over [`load::run`], [`sim`], [`trace`] and [`replay::run`].
+//! orchestrator's decision code). The one exception is [`bus`], which measures the
+//! cluster-bus client crates themselves (async-nats on tokio, redis-rs) on their own
+//! threads. The `radixgate-bench` binary in `main.rs` is a thin CLI over
+//! [`load::run`], [`sim`], [`trace`], [`replay::run`] and [`bus::run`].
 
+pub mod bus;
 pub mod chat;
 pub mod chunked;
+/// The gateway's cluster wire format, compiled here from its one source file in the
+/// gateway crate (`src/cluster/wire.rs`, std only) so that `radixgate-bench wire`
+/// measures exactly that code, optimised, without building the whole gateway.
+#[path = "../../src/cluster/wire.rs"]
+#[allow(dead_code)]
+pub mod cluster_wire;
 pub mod http;
 pub mod json;
 pub mod load;
@@ -19,4 +28,5 @@ pub mod replay;
 pub mod report;
 pub mod sim;
 pub mod trace;
+pub mod wire_cost;
 pub mod workload;

@@ -1,7 +1,8 @@
 //! `radixgate-bench`: the command line over the bench library: `load` (closed-loop
 //! HTTP/1.1 load), `sim` (routing quality against simulated engines, no network),
 //! `gen-trace` (a workload as a JSONL trace) and `replay` (a trace fired at a live
-//! gateway); see `bench/README.md`.
+//! gateway) and `bus` (the cluster-bus candidates, NATS and Redis); see
+//! `bench/README.md`.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use radixgate_bench::bus;
 use radixgate_bench::http::Target;
 use radixgate_bench::load::{self, LoadConfig, MAX_CONCURRENCY};
 use radixgate_bench::replay::{self, ReplayConfig};
@@ -45,6 +47,67 @@ enum Command {
     /// Real vLLM (CPU) engines behind radixgate: TTFT, engine hit rate and cached
     /// share per workload, concurrency and policy (minutes; installs vLLM on first use).
     Real(RealArgs),
+    /// The cluster bus candidates (NATS core and JetStream, Redis pub/sub and streams)
+    /// through their Rust clients: publish rate, event lag, CPU per event, and a broker
+    /// restart with --restart-after (starts the brokers with deploy/cluster/bus).
+    Bus(BusArgs),
+    /// The cluster wire format's encode and decode cost per op (the gateway's own
+    /// src/cluster/wire.rs, optimised).
+    Wire(WireArgs),
+}
+
+#[derive(Args)]
+struct WireArgs {
+    /// Milliseconds per round.
+    #[arg(long, default_value_t = 300)]
+    millis: u64,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+}
+
+#[derive(Args)]
+struct BusArgs {
+    /// Transports, comma-separated: nats-core, nats-jetstream, redis-pubsub,
+    /// redis-streams, baseline (no bus: the bench's own channel, batching and
+    /// encoding). Ratios are to the first one that is not the baseline.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "nats-core,redis-pubsub,nats-jetstream,redis-streams,baseline"
+    )]
+    transports: Vec<String>,
+    /// Offered event rates, events per second, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "50000,500000")]
+    rates: Vec<u64>,
+    /// Rounds; transports and rates are interleaved within each round.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Measured seconds per cell (after the warm-up).
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    #[arg(long, default_value_t = 0.5)]
+    warmup_secs: f64,
+    /// A message is sent per this many events ...
+    #[arg(long, default_value_t = 64)]
+    batch_events: usize,
+    /// ... or this many milliseconds after its first event, whichever comes first.
+    #[arg(long, default_value_t = 1.0)]
+    batch_ms: f64,
+    #[arg(long, default_value_t = 14222)]
+    nats_port: u16,
+    #[arg(long, default_value_t = 16379)]
+    redis_port: u16,
+    /// The script that runs a broker (PORT KIND); default deploy/cluster/bus.
+    #[arg(long, default_value = "deploy/cluster/bus")]
+    bus_script: PathBuf,
+    /// Fault run: SIGKILL the broker this many seconds into each cell (counted from
+    /// the cell's start, warm-up included) and restart it on the same port.
+    #[arg(long)]
+    restart_after: Option<f64>,
+    /// Fault run: how long the broker stays down.
+    #[arg(long, default_value_t = 1.0)]
+    down_secs: f64,
 }
 
 #[derive(Args)]
@@ -275,6 +338,62 @@ fn main() -> ExitCode {
         Command::GenTrace(args) => gen_trace_command(args),
         Command::Replay(args) => replay_command(args),
         Command::Real(args) => real_command(args),
+        Command::Bus(args) => bus_command(args),
+        Command::Wire(args) => {
+            println!(
+                "{}",
+                radixgate_bench::wire_cost::run(args.millis, args.rounds.max(1))
+            );
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn bus_command(args: BusArgs) -> ExitCode {
+    let transports = match args
+        .transports
+        .iter()
+        .map(|t| bus::Transport::parse(t))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(t) if !t.is_empty() => t,
+        Ok(_) => {
+            eprintln!("error: no transports");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.batch_events == 0 || args.rates.contains(&0) || args.secs <= 0.0 {
+        eprintln!("error: --batch-events, --rates and --secs must be positive");
+        return ExitCode::from(2);
+    }
+    let cfg = bus::BusConfig {
+        transports,
+        rates: args.rates,
+        rounds: args.rounds.max(1),
+        secs: args.secs,
+        warmup_secs: args.warmup_secs,
+        batch_events: args.batch_events,
+        batch_ms: args.batch_ms,
+        nats_port: args.nats_port,
+        redis_port: args.redis_port,
+        bus_script: args.bus_script,
+        restart_after_secs: args.restart_after,
+        down_secs: args.down_secs,
+    };
+    match bus::run(&cfg) {
+        Ok((results, load_before, load_after)) => {
+            println!("{}", bus::report(&cfg, &results));
+            println!("load average (1, 5, 15 min): before {load_before}, after {load_after}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
