@@ -63,3 +63,42 @@ fn fixed_response_answers_with_one_constant_body(io: &str) {
     assert_eq!(streamed.body, first.body);
 }
 both_drivers!(fixed_response_answers_with_one_constant_body);
+
+/// The `data:` events of a streamed answer, parsed (without `[DONE]`).
+fn sse_events(r: &Response) -> Vec<serde_json::Value> {
+    r.text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("event is JSON"))
+        .collect()
+}
+
+/// Every chunk of a stream, the usage chunk included, carries one `id` (as vLLM's do).
+#[test]
+fn one_id_per_stream() {
+    let engine = start_engine("epoll", EngineConfig::instant("sim"));
+    let mut c = Client::connect(engine.addr());
+    for (path, body, prefix) in [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+            "chatcmpl-",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"sim","prompt":"hi","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+            "cmpl-",
+        ),
+    ] {
+        let r = c.post(path, body, &[]);
+        assert_eq!(r.status, 200, "{path}");
+        let events = sse_events(&r);
+        assert!(events.last().unwrap()["usage"].is_object(), "{path}");
+        let id = events[0]["id"].as_str().unwrap().to_string();
+        assert!(id.starts_with(prefix), "{path}: {id}");
+        for e in &events {
+            assert_eq!(e["id"], id.as_str(), "{path}: {e}");
+        }
+    }
+}

@@ -535,13 +535,13 @@ impl Engine {
             }
         }
         if include_usage {
-            let object = match endpoint {
-                Endpoint::ChatCompletions => "chat.completion.chunk",
-                Endpoint::Completions => "text_completion",
+            let (prefix, object) = match endpoint {
+                Endpoint::ChatCompletions => ("chatcmpl", "chat.completion.chunk"),
+                Endpoint::Completions => ("cmpl", "text_completion"),
             };
             let _ = write!(
                 Utf8Vec(&mut event),
-                "data: {{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":[],\"usage\":{}}}\n\n",
+                "data: {{\"id\":\"{prefix}-{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":[],\"usage\":{}}}\n\n",
                 usage.json()
             );
             if !send_chunk(&mut conn.stream, &mut event).await {
