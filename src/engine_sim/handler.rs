@@ -5,6 +5,7 @@
 //! `vllm:num_requests_running` drops when a gateway gives a request up.
 
 use super::disagg::{self as kv, Handoffs, Leg};
+use super::sampling::{self, Choice};
 use super::{EngineConfig, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
@@ -22,11 +23,6 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-const WORDS: [&str; 12] = [
-    "cache", "prefix", "token", "router", "engine", "shard", "block", "radix", "batch", "queue",
-    "decode", "prefill",
-];
 
 #[derive(Default)]
 struct Counters {
@@ -270,13 +266,34 @@ impl Engine {
     /// Serves one completion. Returns whether the connection is still usable.
     async fn generate(&self, conn: &mut ClientConn, endpoint: Endpoint) -> bool {
         let keep_alive = conn.head.keep_alive;
-        let (facts, blocks, prompt_tokens) = match self.parse(&conn.body, endpoint) {
+        let (facts, blocks, first_prompt_tokens) = match self.parse(&conn.body, endpoint) {
             Ok(v) => v,
             Err(e) => {
                 let (r, _) = conn.stream.write_all(e.to_response(b"", keep_alive)).await;
                 return r.is_ok();
             }
         };
+        let sampling = match sampling::read(&conn.body, endpoint) {
+            Ok(s) => s,
+            Err(message) => {
+                self.counters.borrow_mut().requests_failed += 1;
+                return reply_error(conn, 400, &message, keep_alive).await;
+            }
+        };
+        // Token-id prompts count their ids; a batch counts every prompt (the cache
+        // and the prefix match follow the first, as the gateway hashes it).
+        let prompt_tokens: u64 = sampling
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match (p.ids, &p.text) {
+                (Some(ids), _) => ids,
+                (None, Some(text)) if i > 0 => {
+                    (text.len() as u64).div_ceil(BYTES_PER_TOKEN as u64).max(1)
+                }
+                _ => first_prompt_tokens,
+            })
+            .sum();
         if self.chance(self.config.fail_rate) {
             self.counters.borrow_mut().requests_failed += 1;
             return reply_error(
@@ -335,8 +352,9 @@ impl Engine {
             cache.touch(&blocks);
             m
         };
+        let first = sampling.prompts[0].ids.unwrap_or(first_prompt_tokens);
         let cached_tokens =
-            ((matched * self.config.block_tokens) as u64).min(prompt_tokens.saturating_sub(1));
+            ((matched * self.config.block_tokens) as u64).min(first.saturating_sub(1));
         {
             let mut c = self.counters.borrow_mut();
             c.prompt_tokens += prompt_tokens;
@@ -363,9 +381,11 @@ impl Engine {
         };
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        let choices = sampling.choices(id, max_tokens);
+        let longest = choices.iter().map(|c| c.pieces.len()).max().unwrap_or(0) as u64;
         let usage = Usage {
             prompt: prompt_tokens,
-            completion: max_tokens,
+            completion: choices.iter().map(|c| c.pieces.len() as u64).sum(),
             cached: cached_tokens,
         };
         let hold = self
@@ -382,18 +402,22 @@ impl Engine {
                 hold,
             );
             let params = kv::transfer_params(&self.engine_id, &ids, self.addr);
-            let mut body = full_body(endpoint, &self.config.model, id, &usage);
+            let mut body = full_body(endpoint, &self.config.model, id, &choices, &usage);
             body.pop(); // the closing brace
             let _ = write!(Utf8Vec(&mut body), ",\"kv_transfer_params\":{params}}}");
             reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
         } else if facts.stream {
-            let abort_at = self
-                .chance(self.config.abort_rate)
-                .then_some(max_tokens / 2);
-            self.stream_tokens(conn, endpoint, id, &usage, facts.include_usage, abort_at)
+            let abort_at = self.chance(self.config.abort_rate).then_some(longest / 2);
+            let streamed = Streamed {
+                id,
+                choices: &choices,
+                usage: &usage,
+                include_usage: facts.include_usage,
+            };
+            self.stream_tokens(conn, endpoint, &streamed, abort_at)
                 .await
-        } else if work_or_abort(conn, self.decode_wait(max_tokens)).await {
-            let body = full_body(endpoint, &self.config.model, id, &usage);
+        } else if work_or_abort(conn, self.decode_wait(longest)).await {
+            let body = full_body(endpoint, &self.config.model, id, &choices, &usage);
             reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
         } else {
             false
@@ -406,7 +430,7 @@ impl Engine {
         let mut c = self.counters.borrow_mut();
         if ok {
             c.requests_ok += 1;
-            c.generation_tokens += max_tokens;
+            c.generation_tokens += usage.completion;
         } else {
             c.requests_failed += 1;
         }
@@ -487,9 +511,7 @@ impl Engine {
         &self,
         conn: &mut ClientConn,
         endpoint: Endpoint,
-        id: u64,
-        usage: &Usage,
-        include_usage: bool,
+        streamed: &Streamed<'_>,
         abort_at: Option<u64>,
     ) -> bool {
         let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
@@ -497,51 +519,84 @@ impl Engine {
         if r.is_err() {
             return false;
         }
+        let Streamed {
+            id,
+            choices,
+            usage,
+            include_usage,
+        } = *streamed;
         let model = &self.config.model;
         let created = unix_now();
+        let (prefix, object) = match endpoint {
+            Endpoint::ChatCompletions => ("chatcmpl", "chat.completion.chunk"),
+            Endpoint::Completions => ("cmpl", "text_completion"),
+        };
         let mut event = Vec::with_capacity(512);
-        if endpoint == Endpoint::ChatCompletions {
+        let start = |event: &mut Vec<u8>| {
             let _ = write!(
-                Utf8Vec(&mut event),
-                "data: {{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+                Utf8Vec(event),
+                "data: {{\"id\":\"{prefix}-{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":["
             );
+        };
+        if endpoint == Endpoint::ChatCompletions {
+            start(&mut event);
+            for (k, c) in choices.iter().enumerate() {
+                let sep = if k == 0 { "" } else { "," };
+                let _ = write!(
+                    Utf8Vec(&mut event),
+                    "{sep}{{\"index\":{},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}",
+                    c.index
+                );
+            }
+            event.extend_from_slice(b"]}\n\n");
             if !send_chunk(&mut conn.stream, &mut event).await {
                 return false;
             }
         }
-        for i in 0..usage.completion {
-            if abort_at == Some(i) {
+        let steps = choices.iter().map(|c| c.pieces.len()).max().unwrap_or(0);
+        for i in 0..steps {
+            if abort_at == Some(i as u64) {
                 return false; // drop the connection mid-stream
             }
             if !self.config.decode_per_token.is_zero() {
                 monoio::time::sleep(self.config.decode_per_token).await;
             }
-            let word = WORDS[(id as usize + i as usize) % WORDS.len()];
-            let last = i + 1 == usage.completion;
-            let finish = if last { "\"length\"" } else { "null" };
-            match endpoint {
-                Endpoint::ChatCompletions => write!(
+            // One event per choice still generating, as vLLM sends them.
+            for c in choices.iter().filter(|c| i < c.pieces.len()) {
+                start(&mut event);
+                let mut text = Vec::new();
+                if i == 0 {
+                    text.extend_from_slice(c.echo.as_deref().unwrap_or("").as_bytes());
+                }
+                text.extend_from_slice(c.pieces[i].as_bytes());
+                let text = String::from_utf8_lossy(&text);
+                let key = match endpoint {
+                    Endpoint::ChatCompletions => "\"delta\":{\"content\":",
+                    Endpoint::Completions => "\"text\":",
+                };
+                let _ = write!(Utf8Vec(&mut event), "{{\"index\":{},{key}", c.index);
+                crate::error::write_json_string(&mut event, &text);
+                if endpoint == Endpoint::ChatCompletions {
+                    event.push(b'}');
+                }
+                let finish = if i + 1 == c.pieces.len() {
+                    format!("\"{}\"", c.finish_reason())
+                } else {
+                    "null".to_string()
+                };
+                let _ = write!(
                     Utf8Vec(&mut event),
-                    "data: {{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{word} \"}},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
-                ),
-                Endpoint::Completions => write!(
-                    Utf8Vec(&mut event),
-                    "data: {{\"id\":\"cmpl-{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"text\":\"{word} \",\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
-                ),
-            }
-            .ok();
-            if !send_chunk(&mut conn.stream, &mut event).await {
-                return false;
+                    ",\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+                );
+                if !send_chunk(&mut conn.stream, &mut event).await {
+                    return false;
+                }
             }
         }
         if include_usage {
-            let object = match endpoint {
-                Endpoint::ChatCompletions => "chat.completion.chunk",
-                Endpoint::Completions => "text_completion",
-            };
             let _ = write!(
                 Utf8Vec(&mut event),
-                "data: {{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":[],\"usage\":{}}}\n\n",
+                "data: {{\"id\":\"{prefix}-{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":[],\"usage\":{}}}\n\n",
                 usage.json()
             );
             if !send_chunk(&mut conn.stream, &mut event).await {
@@ -656,23 +711,58 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn full_body(endpoint: Endpoint, model: &str, id: u64, usage: &Usage) -> Vec<u8> {
-    let mut text = String::new();
-    for i in 0..usage.completion {
-        text.push_str(WORDS[(id as usize + i as usize) % WORDS.len()]);
-        text.push(' ');
-    }
+/// What a streamed answer sends.
+#[derive(Clone, Copy)]
+struct Streamed<'a> {
+    id: u64,
+    choices: &'a [Choice],
+    usage: &'a Usage,
+    include_usage: bool,
+}
+
+fn full_body(
+    endpoint: Endpoint,
+    model: &str,
+    id: u64,
+    choices: &[Choice],
+    usage: &Usage,
+) -> Vec<u8> {
     let created = unix_now();
-    let usage = usage.json();
-    match endpoint {
-        Endpoint::ChatCompletions => format!(
-            "{{\"id\":\"chatcmpl-{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":\"length\"}}],\"usage\":{usage}}}"
-        ),
-        Endpoint::Completions => format!(
-            "{{\"id\":\"cmpl-{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":\"length\"}}],\"usage\":{usage}}}"
-        ),
+    let (prefix, object) = match endpoint {
+        Endpoint::ChatCompletions => ("chatcmpl", "chat.completion"),
+        Endpoint::Completions => ("cmpl", "text_completion"),
+    };
+    let mut out = Vec::with_capacity(256);
+    let _ = write!(
+        Utf8Vec(&mut out),
+        "{{\"id\":\"{prefix}-{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":\"{model}\",\"choices\":["
+    );
+    for (k, c) in choices.iter().enumerate() {
+        let mut text = c.echo.clone().unwrap_or_default();
+        for p in &c.pieces {
+            text.push_str(p);
+        }
+        let sep = if k == 0 { "" } else { "," };
+        let _ = write!(Utf8Vec(&mut out), "{sep}{{\"index\":{},", c.index);
+        match endpoint {
+            Endpoint::ChatCompletions => {
+                out.extend_from_slice(b"\"message\":{\"role\":\"assistant\",\"content\":");
+                crate::error::write_json_string(&mut out, &text);
+                out.push(b'}');
+            }
+            Endpoint::Completions => {
+                out.extend_from_slice(b"\"text\":");
+                crate::error::write_json_string(&mut out, &text);
+            }
+        }
+        let _ = write!(
+            Utf8Vec(&mut out),
+            ",\"logprobs\":null,\"finish_reason\":\"{}\"}}",
+            c.finish_reason()
+        );
     }
-    .into_bytes()
+    let _ = write!(Utf8Vec(&mut out), "],\"usage\":{}}}", usage.json());
+    out
 }
 
 /// The `fixed_response` answer: a small, valid chat completion (an OpenAI client

@@ -20,6 +20,7 @@
 
 mod disagg;
 mod handler;
+mod sampling;
 
 pub use disagg::SimDisagg;
 
