@@ -207,26 +207,7 @@ fn access_lines_answered_before_sigterm_are_all_written() {
     let mut toml = serve_config("round_robin", &[("b0", up.url())]);
     toml = toml.replace("access = false", "access = true");
     let file = common::temp_file("sigterm-log.toml", &toml);
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let child = Spawned(child);
-    // (Shard threads log `shard started` as they start, possibly first.)
-    let started = loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "no start line");
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        if v["message"] == "radixgate listening" {
-            break v;
-        }
-    };
-    let addr: std::net::SocketAddr = started["addr"].as_str().unwrap().parse().unwrap();
+    let (child, mut stderr, addr) = serve_logging(&file);
     // Each request's record reaches the log thread before its response goes out.
     const N: usize = 200;
     let mut c = common::Client::connect(addr);
@@ -265,6 +246,38 @@ fn access_lines_answered_before_sigterm_are_all_written() {
 
 /// Stops a spawned gateway by its PID however the test ends.
 struct Spawned(std::process::Child);
+
+/// `radixgate serve --config file` with its JSON log on a pipe (stopped however the
+/// test ends), and the address from its `radixgate listening` line (shard threads
+/// log `shard started` as they start, possibly first).
+fn serve_logging(
+    file: &std::path::Path,
+) -> (
+    Spawned,
+    BufReader<std::process::ChildStderr>,
+    std::net::SocketAddr,
+) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(file)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let child = Spawned(child);
+    let started = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no start line");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if v["message"] == "radixgate listening" {
+            break v;
+        }
+    };
+    let addr = started["addr"].as_str().unwrap().parse().unwrap();
+    (child, stderr, addr)
+}
 
 impl Drop for Spawned {
     fn drop(&mut self) {
@@ -472,25 +485,7 @@ fn departed_clients_are_logged_499_client_closed() {
             .replace("io = \"epoll\"", &format!("io = \"{io}\""))
             .replace("access = false", "access = true");
         let file = common::temp_file(&format!("client-closed-{io}.toml"), &toml);
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&file)
-            .env_remove("RUST_LOG")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let child = Spawned(child);
-        let started = loop {
-            let mut line = String::new();
-            assert!(stderr.read_line(&mut line).unwrap() > 0, "no start line");
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            if v["message"] == "radixgate listening" {
-                break v;
-            }
-        };
-        let addr: std::net::SocketAddr = started["addr"].as_str().unwrap().parse().unwrap();
+        let (child, mut stderr, addr) = serve_logging(&file);
         let running = |n: f64| {
             common::eventually(Duration::from_secs(5), || {
                 let m = common::Client::connect(engine.addr())
