@@ -702,7 +702,6 @@ async fn answer_error(
 /// headers, the `traceparent` naming `span` (the attempt's or leg's) as the parent
 /// (0: the client's own span, passed through; nothing when the request is not
 /// traced), and the blank line.
-#[allow(clippy::too_many_arguments)]
 fn write_upstream_head(
     shard: &Shard,
     out: &mut Vec<u8>,

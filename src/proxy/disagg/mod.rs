@@ -489,7 +489,6 @@ async fn prefill_leg(
 }
 
 /// Runs the decode leg, streaming its answer to the client.
-#[allow(clippy::too_many_arguments)]
 async fn decode_leg(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
