@@ -250,6 +250,13 @@ fn route(
         ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
         ("GET", ["admin", "config"]) => ok(ask(coordinator, AdminRequest::Config)?),
         ("GET", ["admin", "shards"]) => ok(crate::placement::shards_json(&ctx.shared)),
+        ("GET", ["admin", "cluster"]) => match &ctx.shared.cluster {
+            Some(status) => ok(status.to_json()),
+            None => Err(GatewayError::new(
+                ErrorKind::PathNotFound,
+                "not in a cluster (set [cluster] url; docs/cluster.md)",
+            )),
+        },
         ("POST", ["admin", "backends", id, action @ ("drain" | "undrain")]) => {
             let id = id.to_string();
             let on = *action == "drain";
@@ -289,6 +296,7 @@ fn route(
             | ["admin", "index"]
             | ["admin", "config"]
             | ["admin", "shards"]
+            | ["admin", "cluster"]
             | ["admin", "reload"]
             | ["admin", "backends", _]
             | ["admin", "backends", _, _],

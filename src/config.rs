@@ -8,10 +8,12 @@
 
 use crate::chat_template::ChatTemplate;
 mod admission;
+mod cluster;
 mod disagg;
 pub mod keys;
 mod traces;
 mod workflows;
+pub use cluster::ClusterConfig;
 pub use traces::TracesConfig;
 
 pub use admission::{AdmissionConfig, TierConfig};
@@ -48,6 +50,8 @@ struct ConfigFile {
     log: LogWire,
     #[serde(default)]
     traces: traces::TracesWire,
+    #[serde(default)]
+    cluster: cluster::ClusterWire,
     #[serde(default)]
     auth: AuthWire,
     #[serde(default)]
@@ -607,6 +611,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Span export (`None` when `traces.otlp_endpoint` is unset).
     pub traces: Option<TracesConfig>,
+    /// Cluster mode (`None` when `cluster.url` is unset).
+    pub cluster: Option<ClusterConfig>,
     pub auth_required: bool,
     pub tenant_prefix_isolation: bool,
     pub admission: AdmissionConfig,
@@ -1199,6 +1205,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         admin,
         log,
         traces: traces::validate(wire.traces, errors),
+        cluster: cluster::validate(wire.cluster, errors),
         auth_required: wire.auth.required,
         tenant_prefix_isolation,
         admission,

@@ -15,7 +15,7 @@ use crate::backends::LiveConfig;
 use crate::config::{BackendConfig, Config};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
-use crate::replica::{new_replica, IndexEvent, IndexOp};
+use crate::replica::{new_replica, IndexEvent, IndexOp, Origin};
 use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
 use radixgate_orchestrator::{Breaker, BreakerConfig, Replica};
@@ -62,6 +62,8 @@ pub struct Coordinator {
     replica: Replica,
     /// Restart-only keys the last reload found changed (not in force).
     restart_pending: Vec<String>,
+    /// Cluster mode: this replica's routing ops, to the publisher thread.
+    cluster: Option<Sender<IndexOp>>,
 }
 
 impl Coordinator {
@@ -90,7 +92,14 @@ impl Coordinator {
             engine: vec![None; n],
             replica,
             restart_pending: Vec::new(),
+            cluster: None,
         }
+    }
+
+    /// Shares this replica's routing ops with the cluster (the publisher thread).
+    pub fn with_cluster(mut self, ops: Sender<IndexOp>) -> Self {
+        self.cluster = Some(ops);
+        self
     }
 
     /// Runs until `stop` is dropped or fires.
@@ -170,12 +179,21 @@ impl Coordinator {
 
     fn apply_and_fan_out(&mut self, event: IndexEvent) {
         self.replica.apply(&event.op);
+        if let (Origin::Shard(_), Some(cluster)) = (event.origin, &self.cluster) {
+            // Never waits: a full queue means the bus is not keeping up.
+            if cluster.try_send(event.op.clone()).is_err() {
+                if let Some(status) = &self.shared.cluster {
+                    status.ops_unsent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         self.shared
             .index_blocks
             .store(self.replica.index.total_blocks() as u64, Ordering::Relaxed);
         let event = Arc::new(event);
         for (k, shard) in self.shared.shard_commands.iter().enumerate() {
-            if k != event.origin_shard && shard.send(ShardCommand::Replicate(event.clone())).is_ok()
+            if Some(k) != event.origin.shard()
+                && shard.send(ShardCommand::Replicate(event.clone())).is_ok()
             {
                 self.shared.replica_sent.add(k);
             }
@@ -272,7 +290,8 @@ impl Coordinator {
 
     fn backend_json(&self, b: usize) -> serde_json::Value {
         let cfg = self.live.backends.config(b);
-        let in_flight = self.shared.in_flight.total(b);
+        let in_flight = self.shared.in_flight.local_total(b);
+        let fleet_in_flight = self.shared.in_flight.total(b);
         json!({
             "id": cfg.id,
             "url": format!("http://{}", cfg.host),
@@ -283,6 +302,7 @@ impl Coordinator {
             "healthy": self.healthy[b],
             "breaker": self.breakers[b].state().as_str(),
             "in_flight": in_flight,
+            "fleet_in_flight": fleet_in_flight,
             "engine": self.engine[b].map(|e| json!({
                 "waiting": e.waiting,
                 "running": e.running,
@@ -350,7 +370,7 @@ impl Coordinator {
             self.capacity[backend] = blocks;
             tracing::info!(backend = %self.live.backends.id(backend), blocks, "index capacity follows the engine's cache size");
             self.apply_and_fan_out(IndexEvent {
-                origin_shard: usize::MAX,
+                origin: Origin::Local,
                 created: std::time::Instant::now(),
                 op: IndexOp::SetCapacity { backend, blocks },
             });

@@ -59,16 +59,28 @@ impl FleetSnapshot {
 struct PaddedCounter(AtomicU32);
 
 pub struct InFlight {
-    /// `rows[shard][backend]`.
+    /// `rows[shard][backend]`, then (in cluster mode) one row for the peers.
     rows: Box<[Box<[PaddedCounter]>]>,
+    /// Rows written by this replica's shards (the rest is the peers' row).
+    local_rows: usize,
 }
 
 impl InFlight {
     pub fn new(shards: usize, backends: usize) -> Self {
-        let rows = (0..shards)
+        Self::with_rows(shards, shards, backends)
+    }
+
+    /// With one more row, for what the cluster's peers report (written only by the
+    /// cluster thread): [`total`](Self::total) then counts the whole fleet.
+    pub fn with_peers(shards: usize, backends: usize) -> Self {
+        Self::with_rows(shards + 1, shards, backends)
+    }
+
+    fn with_rows(rows: usize, local_rows: usize, backends: usize) -> Self {
+        let rows = (0..rows)
             .map(|_| (0..backends).map(|_| PaddedCounter::default()).collect())
             .collect();
-        Self { rows }
+        Self { rows, local_rows }
     }
 
     /// Called only by `shard` itself (single writer per slot).
@@ -104,13 +116,29 @@ impl InFlight {
         self.rows[shard][backend].0.load(Ordering::Relaxed)
     }
 
-    /// The count for `backend` summed over all shards (in-flight requests, or pending
-    /// prefill tokens, depending on what the instance counts).
+    /// The count for `backend` summed over all shards, and the peers in cluster mode.
     pub fn total(&self, backend: usize) -> u32 {
         self.rows
             .iter()
             .map(|row| row[backend].0.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The count for `backend` over this replica's shards only (what it reports to
+    /// its peers).
+    pub fn local_total(&self, backend: usize) -> u32 {
+        self.rows[..self.local_rows]
+            .iter()
+            .map(|row| row[backend].0.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Sets the peers' count for `backend` (cluster thread only; no-op without the
+    /// peers' row).
+    pub fn set_peers(&self, backend: usize, n: u32) {
+        if let Some(row) = self.rows.get(self.local_rows) {
+            row[backend].0.store(n, Ordering::Relaxed);
+        }
     }
 }
 
@@ -168,5 +196,19 @@ mod tests {
             assert_eq!(f.total(2), 345);
         }
         assert_eq!(f.total(2), 0);
+    }
+
+    #[test]
+    fn the_peers_row_counts_in_the_total_not_in_the_local_total() {
+        let f = InFlight::with_peers(2, 3);
+        let _a = InFlightGuard::enter(&f, 1, 2);
+        f.set_peers(2, 5);
+        assert_eq!((f.total(2), f.local_total(2)), (6, 1));
+        f.set_peers(2, 0);
+        assert_eq!(f.total(2), 1);
+        // Without the row, setting the peers' count does nothing.
+        let g = InFlight::new(1, 3);
+        g.set_peers(2, 5);
+        assert_eq!(g.total(2), 0);
     }
 }

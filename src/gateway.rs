@@ -85,8 +85,21 @@ impl Gateway {
             }
             false => (None, None),
         };
+        // Cluster mode: refuse to start into a fleet that routes differently.
+        let cluster = match &config.cluster {
+            Some(c) => {
+                let fingerprint = crate::cluster::config_fingerprint(&config);
+                crate::cluster::check_join(c, fingerprint).map_err(io::Error::other)?;
+                Some((
+                    c.clone(),
+                    Arc::new(crate::cluster::ClusterStatus::new(c, fingerprint)),
+                ))
+            }
+            None => None,
+        };
         let mut shared = Shared::new(config, cmd_txs, events_tx, outcomes_tx, access_tx);
         shared.spans = spans_tx;
+        shared.cluster = cluster.as_ref().map(|(_, status)| status.clone());
         let shared = Arc::new(shared);
         let initial = Arc::new(FleetSnapshot::all_healthy(live.clone()));
         // Precise mode: bind the KV-event endpoints now, so a bad one fails start-up.
@@ -178,7 +191,19 @@ impl Gateway {
             followers.push(tx);
             rx
         });
-        let coordinator = Coordinator::new(shared.clone(), live.clone(), followers);
+        // The cluster threads follow backend changes too (bus names of the slots).
+        let cluster = cluster.map(|(config, status)| {
+            let (pub_tx, pub_rx) = crossbeam_channel::unbounded();
+            let (sub_tx, sub_rx) = crossbeam_channel::unbounded();
+            followers.push(pub_tx);
+            followers.push(sub_tx);
+            let (ops_tx, ops_rx) = crossbeam_channel::bounded(crate::cluster::publish::QUEUE);
+            (config, status, pub_rx, sub_rx, ops_tx, ops_rx)
+        });
+        let mut coordinator = Coordinator::new(shared.clone(), live.clone(), followers);
+        if let Some((_, _, _, _, ops_tx, _)) = &cluster {
+            coordinator = coordinator.with_cluster(ops_tx.clone());
+        }
         let coordinator_core_id =
             coordinator_core.and_then(|c| core_ids.iter().find(|k| k.id == c).copied());
         let coord_stop = stop_rx.clone();
@@ -239,6 +264,31 @@ impl Gateway {
                 std::thread::Builder::new()
                     .name("radixgate-kv".into())
                     .spawn(move || crate::kv_events::run(sockets, block_tokens, shared, stop))?,
+            );
+        }
+        if let Some((config, status, pub_rx, sub_rx, ops_tx, ops_rx)) = cluster {
+            drop(ops_tx); // the coordinator holds the sender
+            let (c, st, sh, l, stop) = (
+                config.clone(),
+                status.clone(),
+                shared.clone(),
+                live.clone(),
+                stop_rx.clone(),
+            );
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-cluster-pub".into())
+                    .spawn(move || {
+                        crate::cluster::publish::run(c, st, sh, l, pub_rx, ops_rx, stop)
+                    })?,
+            );
+            let (sh, l, stop) = (shared.clone(), live.clone(), stop_rx.clone());
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-cluster-sub".into())
+                    .spawn(move || {
+                        crate::cluster::subscribe::run(config, status, sh, l, sub_rx, stop)
+                    })?,
             );
         }
         let health_handle = std::thread::Builder::new()

@@ -23,7 +23,7 @@
 //! inserts keep serving in between. Changes go to the coordinator as ordinary
 //! [`IndexEvent`]s, so every shard's replica gets them the usual way.
 
-use crate::replica::{IndexEvent, IndexOp};
+use crate::replica::{IndexEvent, IndexOp, Origin};
 use crate::shard::Shared;
 use crossbeam_channel::{Receiver, TryRecvError};
 use radixgate_orchestrator::{model_seed, BackendIdx, PromptHasher};
@@ -119,7 +119,7 @@ pub fn run(
                 frames.extend(msg);
                 for op in state.on_message(&frames, c, shared.now_ms()) {
                     let _ = index.send(IndexEvent {
-                        origin_shard: usize::MAX,
+                        origin: Origin::Local,
                         created: Instant::now(),
                         op,
                     });

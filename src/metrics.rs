@@ -244,6 +244,12 @@ pub struct Gauges<'a> {
     pub kv_events: &'a [Option<&'a crate::kv_events::KvEventCounters>],
     /// What became of recorded spans, when trace export is on.
     pub spans: Option<&'a crate::otlp::SpanCounters>,
+    /// Cluster mode's threads' state, in a cluster.
+    pub cluster: Option<&'a crate::cluster::ClusterStatus>,
+    /// Per backend slot, the peers' in-flight requests and pending prefill tokens
+    /// as they last reported them (zeros outside a cluster).
+    pub peer_in_flight: &'a [u32],
+    pub peer_pending_prefill_tokens: &'a [u32],
 }
 
 impl Gauges<'_> {
@@ -336,6 +342,70 @@ fn render_operations(out: &mut Families, shards: &[ShardMetrics], g: &Gauges<'_>
         ] {
             f.row(vec![("outcome", outcome.into())], Value::Int(v));
         }
+    }
+}
+
+/// Cluster mode: the bus connection, peers, what was shared and what was dropped.
+fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gauges<'_>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let peers = c.peers.lock().map_or(0, |p| p.len());
+    for (name, help, v) in [
+        (
+            "radixgate_cluster_connected",
+            "1 while the cluster bus is connected (the subscriber's connection).",
+            u64::from(c.connected.load(Relaxed)),
+        ),
+        (
+            "radixgate_cluster_peers",
+            "Peer replicas heard from within cluster.peer_timeout_ms.",
+            peers as u64,
+        ),
+    ] {
+        out.family(name, Kind::Gauge, help)
+            .row(vec![], Value::Int(v));
+    }
+    for (name, help, v) in [
+        ("radixgate_cluster_outages_total", "Times the cluster bus was lost (routing went on from local state).", c.outages.load(Relaxed)),
+        ("radixgate_cluster_batches_published_total", "Bus messages this replica published (routing ops, load reports).", c.batches_published.load(Relaxed)),
+        ("radixgate_cluster_ops_published_total", "Routing ops and load reports this replica published.", c.ops_published.load(Relaxed)),
+        ("radixgate_cluster_ops_unsent_total", "Ops that could not be published (bus down, publish failed, or the queue to the publisher full).", c.ops_unsent.load(Relaxed)),
+        ("radixgate_cluster_batches_received_total", "Bus messages received, this replica's own included.", c.batches_received.load(Relaxed)),
+        ("radixgate_cluster_ops_applied_total", "Peers' index ops handed to the coordinator (applied to every shard's index).", c.ops_applied.load(Relaxed)),
+        ("radixgate_cluster_ops_unknown_backend_total", "Peers' ops naming a backend this replica does not have.", c.ops_unknown_backend.load(Relaxed)),
+        ("radixgate_cluster_gaps_total", "Peers' batches that never arrived (lost while the bus was down).", c.gaps.load(Relaxed)),
+    ] {
+        out.family(name, Kind::Counter, help).row(vec![], Value::Int(v));
+    }
+    let f = out.family(
+        "radixgate_cluster_messages_dropped_total",
+        Kind::Counter,
+        "Bus messages dropped, by reason: foreign, version, fingerprint, truncated, malformed, duplicate, stale.",
+    );
+    for d in crate::cluster::Dropped::ALL {
+        f.row(
+            vec![("reason", d.as_str().into())],
+            Value::Int(c.dropped(d)),
+        );
+    }
+    for (name, help, values) in [
+        ("radixgate_cluster_peer_in_flight", "Requests the peer replicas have in flight to each backend, as last reported (routing counts them with this replica's).", g.peer_in_flight),
+        ("radixgate_cluster_peer_pending_prefill_tokens", "Pending prefill tokens the peer replicas report on each backend.", g.peer_pending_prefill_tokens),
+    ] {
+        let f = out.family(name, Kind::Gauge, help);
+        for (i, id) in g.live_ids() {
+            f.row(backend(id), Value::Int(u64::from(values.get(i).copied().unwrap_or(0))));
+        }
+    }
+    let f = out.family(
+        "radixgate_cluster_event_lag_seconds",
+        Kind::Gauge,
+        "Wall-clock time from a peer's publish to receipt, over the last report interval.",
+    );
+    for (q, v) in [("0.5", &c.lag_p50_us), ("0.99", &c.lag_p99_us)] {
+        f.row(
+            vec![("quantile", q.into())],
+            Value::Float(v.load(Relaxed) as f64 / 1e6),
+        );
     }
 }
 
@@ -629,6 +699,9 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         Value::Hist(merged.replica_age.clone()),
     );
     render_operations(&mut out, shards, g);
+    if let Some(c) = g.cluster {
+        render_cluster(&mut out, c, g);
+    }
     for (name, help, v) in [
         ("radixgate_prompt_tokens_total", "Prompt tokens reported in upstream usage.", merged.prompt_tokens),
         ("radixgate_cached_tokens_total", "Cached prompt tokens reported in upstream usage (prompt_tokens_details.cached_tokens).", merged.cached_tokens),
@@ -677,6 +750,9 @@ mod tests {
                 healthy: &[true],
                 kv_events: &[None],
                 spans: None,
+                cluster: None,
+                peer_in_flight: &[],
+                peer_pending_prefill_tokens: &[],
             },
         );
         assert!(text.contains(

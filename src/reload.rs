@@ -97,6 +97,7 @@ fn keep_restart_only(config: &mut Config, running: &Config, running_backends: &[
     config.admin = running.admin.clone();
     config.log = running.log.clone();
     config.traces = running.traces.clone();
+    config.cluster = running.cluster.clone();
     config.tenant_prefix_isolation = running.tenant_prefix_isolation;
     for b in &mut config.backends {
         let kv_events = running_backends

@@ -18,9 +18,31 @@ pub use radixgate_orchestrator::{IndexOp, SessionTable};
 
 #[derive(Debug)]
 pub struct IndexEvent {
-    pub origin_shard: usize,
+    pub origin: Origin,
     pub created: Instant,
     pub op: IndexOp,
+}
+
+/// Who made an index event: where the coordinator must not send it back, and
+/// whether the cluster shares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A shard's routing decision: already applied there; the cluster shares it.
+    Shard(usize),
+    /// This replica's own view of an engine (KV events, capacity, admin changes):
+    /// every shard applies it; peers learn such facts themselves.
+    Local,
+    /// A peer replica's routing decision, from the cluster bus.
+    Peer,
+}
+
+impl Origin {
+    pub fn shard(self) -> Option<usize> {
+        match self {
+            Origin::Shard(k) => Some(k),
+            Origin::Local | Origin::Peer => None,
+        }
+    }
 }
 
 /// Per shard, how many events the coordinator has sent it (written by the

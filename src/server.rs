@@ -417,10 +417,21 @@ async fn scrape(shard: &Shard) -> String {
     let backend_ids = table.ids();
     let live: Vec<bool> = (0..table.len()).map(|b| table.is_live(b)).collect();
     let in_flight: Vec<u32> = (0..table.len())
-        .map(|b| shared.in_flight.total(b))
+        .map(|b| shared.in_flight.local_total(b))
         .collect();
     let pending_prefill_tokens: Vec<u32> = (0..table.len())
-        .map(|b| shared.pending_prefill.tokens(b))
+        .map(|b| shared.pending_prefill.local_tokens(b))
+        .collect();
+    let peer_in_flight: Vec<u32> = (0..table.len())
+        .map(|b| shared.in_flight.total(b).saturating_sub(in_flight[b]))
+        .collect();
+    let peer_pending_prefill_tokens: Vec<u32> = (0..table.len())
+        .map(|b| {
+            shared
+                .pending_prefill
+                .tokens(b)
+                .saturating_sub(pending_prefill_tokens[b])
+        })
         .collect();
     let tenant_tiers = fleet.live.tenants.tiers();
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
@@ -462,6 +473,9 @@ async fn scrape(shard: &Shard) -> String {
             healthy: &fleet.healthy,
             kv_events: &kv_events,
             spans: shared.spans.is_some().then_some(&*shared.span_counters),
+            cluster: shared.cluster.as_deref(),
+            peer_in_flight: &peer_in_flight,
+            peer_pending_prefill_tokens: &peer_pending_prefill_tokens,
         },
     )
 }

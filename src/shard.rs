@@ -66,6 +66,9 @@ pub struct Shared {
     /// Per backend, what its KV-event subscription applied (precise mode; the
     /// `radixgate-kv` thread writes, scrapes read).
     pub kv_events: Arc<[crate::kv_events::KvEventCounters]>,
+    /// Cluster mode's state, as its threads report it (`None` outside a cluster;
+    /// set by the gateway at start).
+    pub cluster: Option<Arc<crate::cluster::ClusterStatus>>,
 }
 
 impl Shared {
@@ -90,6 +93,7 @@ impl Shared {
         access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
     ) -> Shared {
         let epoch = Instant::now();
+        let shards = config.server.shards.get();
         Shared {
             kv_events: (0..config.backends.len())
                 .map(|_| Default::default())
@@ -98,18 +102,21 @@ impl Shared {
             outcomes,
             access_log,
             spans: None,
+            cluster: None,
             span_counters: Default::default(),
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
             index_blocks: AtomicU64::new(0),
             epoch,
             placements: crate::placement::Placements::new(config.server.shards.get()),
-            in_flight: InFlight::new(config.server.shards.get(), MAX_BACKEND_SLOTS),
-            pending_prefill: PendingPrefill::new(
-                config.server.shards.get(),
-                MAX_BACKEND_SLOTS,
-                epoch,
-            ),
+            in_flight: match config.cluster {
+                Some(_) => InFlight::with_peers(shards, MAX_BACKEND_SLOTS),
+                None => InFlight::new(shards, MAX_BACKEND_SLOTS),
+            },
+            pending_prefill: match config.cluster {
+                Some(_) => PendingPrefill::with_peers(shards, MAX_BACKEND_SLOTS, epoch),
+                None => PendingPrefill::new(shards, MAX_BACKEND_SLOTS, epoch),
+            },
             shard_commands,
             config,
         }

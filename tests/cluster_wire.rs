@@ -18,6 +18,7 @@ fn header(seq: u64) -> Header {
         node: 7,
         epoch: 1_767_000_000_000,
         seq,
+        sent_us: 0x0A0B,
     }
 }
 
@@ -88,7 +89,8 @@ fn layout_is_as_documented() {
     assert_eq!(&bytes[6..14], &FP.to_le_bytes());
     assert_eq!(&bytes[14..22], &7u64.to_le_bytes());
     assert_eq!(&bytes[30..38], &0x0102u64.to_le_bytes());
-    assert_eq!(&bytes[38..42], &0u32.to_le_bytes());
+    assert_eq!(&bytes[38..46], &0x0A0Bu64.to_le_bytes());
+    assert_eq!(&bytes[46..50], &0u32.to_le_bytes());
     // A four-block Insert: tag, key, now_ms (6-byte varint), count, 4 hashes.
     let insert = Op::Insert {
         backend: BackendKey(1),
@@ -217,11 +219,11 @@ fn each_kind_of_bad_message_is_its_own_error() {
 #[test]
 fn huge_counts_are_refused_before_allocating() {
     let mut b = encode(&header(1), &[]);
-    b[38..42].copy_from_slice(&u32::MAX.to_le_bytes());
+    b[46..50].copy_from_slice(&u32::MAX.to_le_bytes());
     assert_eq!(decode(&b, FP), Err(WireError::Truncated));
     // An Insert claiming 2^60 blocks.
     let mut b = encode(&header(1), &[]);
-    b[38..42].copy_from_slice(&1u32.to_le_bytes());
+    b[46..50].copy_from_slice(&1u32.to_le_bytes());
     b.push(1);
     b.extend_from_slice(&1u64.to_le_bytes());
     b.push(0);
@@ -229,7 +231,7 @@ fn huge_counts_are_refused_before_allocating() {
     assert_eq!(decode(&b, FP), Err(WireError::Truncated));
     // A varint of eleven bytes.
     let mut b = encode(&header(1), &[]);
-    b[38..42].copy_from_slice(&1u32.to_le_bytes());
+    b[46..50].copy_from_slice(&1u32.to_le_bytes());
     b.push(1);
     b.extend_from_slice(&1u64.to_le_bytes());
     b.extend_from_slice(&[0xff; 11]);
@@ -321,14 +323,20 @@ fn arb_op() -> impl Strategy<Value = Op> {
 }
 
 fn arb_header() -> impl Strategy<Value = Header> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-        |(fingerprint, node, epoch, seq)| Header {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(|(fingerprint, node, epoch, seq, sent_us)| Header {
             fingerprint,
             node,
             epoch,
             seq,
-        },
-    )
+            sent_us,
+        })
 }
 
 proptest! {

@@ -80,6 +80,7 @@ fn measure(name: &'static str, ops: &[Op], millis: u64, rounds: usize) -> Row {
         node: 1,
         epoch: 2,
         seq: 3,
+        sent_us: 4,
     };
     let mut buf = Vec::with_capacity(4096);
     let encode_once = |buf: &mut Vec<u8>| {

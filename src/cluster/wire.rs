@@ -11,7 +11,7 @@
 //! Layout, all integers little-endian:
 //!
 //! ```text
-//! header (42 bytes)
+//! header (50 bytes)
 //!   magic        4  b"RGCL"
 //!   version      1  VERSION (1)
 //!   flags        1  0 (reserved: any other value is Malformed)
@@ -21,6 +21,7 @@
 //!   epoch        8  the publisher's epoch (its start time): a restarted replica's
 //!                   old state is told apart from its new one
 //!   seq          8  per (node, epoch), +1 per batch: gaps and duplicates show
+//!   sent_us      8  wall-clock microseconds at publish (peers measure event lag)
 //!   op count     4
 //! ops, each a tag byte then its fields:
 //!   1 Insert      backend u64, now_ms varint, n varint, n x u64 block hashes
@@ -54,7 +55,7 @@ use std::sync::Arc;
 pub const MAGIC: [u8; 4] = *b"RGCL";
 pub const VERSION: u8 = 1;
 /// Bytes before the first op.
-pub const HEADER_LEN: usize = 42;
+pub const HEADER_LEN: usize = 50;
 /// Longest tenant name on the wire, in bytes.
 pub const MAX_TENANT_LEN: usize = 256;
 
@@ -111,6 +112,8 @@ pub struct Header {
     pub epoch: u64,
     /// The batch's number within (node, epoch), from 0, +1 per batch.
     pub seq: u64,
+    /// Wall-clock microseconds since the Unix epoch when the batch was published.
+    pub sent_us: u64,
 }
 
 /// One shared change.
@@ -239,6 +242,7 @@ impl<'a> Encoder<'a> {
         buf.extend_from_slice(&header.node.to_le_bytes());
         buf.extend_from_slice(&header.epoch.to_le_bytes());
         buf.extend_from_slice(&header.seq.to_le_bytes());
+        buf.extend_from_slice(&header.sent_us.to_le_bytes());
         buf.extend_from_slice(&0u32.to_le_bytes());
         Encoder { buf, start, ops: 0 }
     }
@@ -418,6 +422,7 @@ pub fn decode_header(bytes: &[u8], fingerprint: u64) -> Result<Header, WireError
         node: r.u64()?,
         epoch: r.u64()?,
         seq: r.u64()?,
+        sent_us: r.u64()?,
     })
 }
 

@@ -138,6 +138,17 @@ pub const KEYS: &[Key] = &[
     restart("traces.service_name"),
     restart("traces.sample_ratio"),
     restart("traces.export_interval_ms"),
+    // Joining a cluster (the bus connection and its threads) happens once, at start.
+    restart("cluster.url"),
+    restart("cluster.node"),
+    restart("cluster.channel"),
+    restart("cluster.username"),
+    restart("cluster.password_env"),
+    restart("cluster.password_file"),
+    restart("cluster.batch_ms"),
+    restart("cluster.batch_ops"),
+    restart("cluster.report_interval_ms"),
+    restart("cluster.peer_timeout_ms"),
     live("auth.required"),
     // Salts every tenant's hash chains: the whole index would change meaning.
     restart("tenancy.prefix_isolation"),

@@ -14,7 +14,7 @@ use crate::config::keys::Class;
 use crate::config::{BackendConfig, Config};
 use crate::error::{ErrorKind, GatewayError};
 use crate::reload;
-use crate::replica::{IndexEvent, IndexOp};
+use crate::replica::{IndexEvent, IndexOp, Origin};
 use radixgate_orchestrator::Breaker;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -62,7 +62,7 @@ impl Coordinator {
         Ok(json!({
             "id": id,
             "removed": true,
-            "in_flight": self.shared.in_flight.total(slot),
+            "in_flight": self.shared.in_flight.local_total(slot),
         }))
     }
 
@@ -208,7 +208,7 @@ impl Coordinator {
 
 fn index_op(op: IndexOp) -> IndexEvent {
     IndexEvent {
-        origin_shard: usize::MAX,
+        origin: Origin::Local,
         created: std::time::Instant::now(),
         op,
     }

@@ -10,7 +10,7 @@ use crate::fleet::{FleetSnapshot, InFlight};
 use crate::http::request::RequestHead;
 use crate::openai::RequestFacts;
 use crate::pending_prefill::PendingPrefill;
-use crate::replica::{IndexEvent, IndexOp};
+use crate::replica::{IndexEvent, IndexOp, Origin};
 use crate::shard::Shard;
 use radixgate_orchestrator::{
     BackendIdx, BackendState, Decision, FleetView, ModelIdx, PolicyName, RouteError, RoutingFacts,
@@ -151,7 +151,7 @@ pub(super) fn roll_back(shard: &Shard, decision: &Decision) {
 pub(super) fn publish(shard: &Shard, op: IndexOp) {
     shard.metrics.borrow_mut().index_events_published += 1;
     let _ = shard.shared.index_events.send(IndexEvent {
-        origin_shard: shard.id,
+        origin: Origin::Shard(shard.id),
         created: Instant::now(),
         op,
     });

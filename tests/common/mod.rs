@@ -5,6 +5,8 @@
 // Test threads are not shard threads: blocking waits are fine here.
 #![allow(clippy::disallowed_methods)]
 
+pub mod bus;
+
 use radixgate::config::Config;
 use radixgate::engine_sim::{self, EngineConfig, EngineHandle};
 use radixgate::runtime::Driver;

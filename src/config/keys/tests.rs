@@ -55,6 +55,11 @@ fn full(files: &Files) -> Config {
         token_file = "{token}"
         [traces]
         otlp_endpoint = "http://127.0.0.1:4318/v1/traces"
+        [cluster]
+        url = "redis://127.0.0.1:6379"
+        node = "n1"
+        username = "gw"
+        password_env = "PATH"
         [admission]
         queue_capacity = 4
         anonymous_tier = "free"
@@ -177,6 +182,11 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
         "log.level" => vec![json!("debug")],
         "traces.otlp_endpoint" => vec![json!("http://127.0.0.1:4319/v1/traces")],
         "traces.service_name" => vec![json!("svc")],
+        "cluster.url" => vec![json!("valkey://127.0.0.1:6380")],
+        "cluster.node" => vec![json!("n2")],
+        "cluster.channel" => vec![json!("fleet-b")],
+        "cluster.username" => vec![json!("")],
+        "cluster.password_env" => vec![json!("")],
         "tenancy.prefix_isolation" => vec![json!("tenant")],
         "admission.anonymous_tier" | "tenants.*.tier" => vec![json!("gold"), json!("free")],
         "tiers.*.ttft_budget_ms" => vec![json!(500)],
@@ -194,7 +204,7 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
 }
 
 /// Keys no single change can exercise here, and why.
-const UNCHANGEABLE: [(&str, &str); 3] = [
+const UNCHANGEABLE: [(&str, &str); 4] = [
     (
         "backends.*.id",
         "names the entry: a new id is a backend removed and one added",
@@ -206,6 +216,10 @@ const UNCHANGEABLE: [(&str, &str); 3] = [
     (
         "backends.*.kv_events",
         "needs routing.hashing = \"precise\" (a chat template)",
+    ),
+    (
+        "cluster.password_file",
+        "excludes cluster.password_env, which the full config sets",
     ),
 ];
 

@@ -1,0 +1,377 @@
+//! Cluster mode with a real bus (`deploy/cluster/bus`, Redis) and gateways on real
+//! sockets: what one replica routes, the others find; load is seen fleet-wide;
+//! a replica that routes differently refuses to join; the bus going away costs no
+//! request; bad bus messages are counted and dropped.
+
+mod common;
+
+use common::bus::Bus;
+use common::{chat_body, eventually, metric, start_engine, start_gateway, Client};
+use radixgate::engine_sim::{EngineConfig, EngineHandle};
+use radixgate::Gateway;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// A channel of its own per test, so tests sharing a bus never see each other.
+fn channel(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "t{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn cluster_toml(bus: &Bus, channel: &str, extra: &str) -> String {
+    format!(
+        "[routing]\npolicy = \"prefix_aware\"\n{extra}\n[cluster]\nurl = \"{}\"\nchannel = \"{channel}\"\nreport_interval_ms = 50\npeer_timeout_ms = 500\n",
+        bus.url
+    )
+}
+
+fn engines(n: usize) -> Vec<EngineHandle> {
+    (0..n)
+        .map(|_| start_engine("epoll", EngineConfig::instant("sim")))
+        .collect()
+}
+
+/// An engine whose answers (4 tokens) take four times `per_token`.
+fn slow_engine(per_token: Duration) -> EngineHandle {
+    start_engine(
+        "epoll",
+        EngineConfig {
+            decode_per_token: per_token,
+            ..EngineConfig::instant("sim")
+        },
+    )
+}
+
+fn replica(engines: &[EngineHandle], toml: &str) -> Gateway {
+    let ids: Vec<String> = (0..engines.len()).map(|i| format!("e{i}")).collect();
+    let backends: Vec<_> = engines
+        .iter()
+        .zip(&ids)
+        .map(|(e, id)| (id.as_str(), e.url(), "sim"))
+        .collect();
+    start_gateway("epoll", 1, toml, &backends)
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    Client::connect(addr).get("/metrics").text()
+}
+
+/// A prompt of many blocks about document `doc`, ending in question `q`.
+fn doc_prompt(doc: usize, q: usize) -> String {
+    let text: String = (0..120)
+        .map(|i| format!("Document {doc} sentence {i} says something. "))
+        .collect();
+    chat_body(&format!("{text}Question {q}?"), false)
+}
+
+fn ask(addr: SocketAddr, body: &str) -> (u16, String, String) {
+    let r = Client::connect(addr).post("/v1/chat/completions", body, &[]);
+    (
+        r.status,
+        r.header("x-router-backend").unwrap_or("").to_string(),
+        r.header("x-router-reason").unwrap_or("").to_string(),
+    )
+}
+
+/// Waits until `addr` hears from `peers` peers.
+fn wait_peers(addr: SocketAddr, peers: usize) {
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &scrape(addr),
+            "radixgate_cluster_peers "
+        ) == Some(peers as f64)),
+        "replica at {addr} did not see {peers} peers:\n{}",
+        scrape(addr)
+    );
+}
+
+fn applied(addr: SocketAddr) -> f64 {
+    metric(&scrape(addr), "radixgate_cluster_ops_applied_total").unwrap_or(0.0)
+}
+
+/// Sends `body` to `from` and waits until replica `to` has applied the routing ops
+/// it published (in its coordinator and its shard); returns the backend it chose.
+fn route_and_share(from: SocketAddr, to: SocketAddr, body: &str) -> String {
+    let before = applied(to);
+    let (status, home, _) = ask(from, body);
+    assert_eq!(status, 200);
+    assert!(
+        eventually(Duration::from_secs(5), || applied(to) > before),
+        "replica {to} never applied what {from} routed"
+    );
+    common::wait_replicated(to);
+    home
+}
+
+fn coordinator_blocks(addr: SocketAddr) -> f64 {
+    metric(
+        &scrape(addr),
+        "radixgate_index_blocks{copy=\"coordinator\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn a_prefix_routed_by_one_replica_is_found_by_the_other() {
+    let bus = Bus::start();
+    let engines = engines(3);
+    let toml = cluster_toml(&bus, &channel("prefix"), "");
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(a.local_addr(), 1);
+    wait_peers(b.local_addr(), 1);
+    for doc in 0..4 {
+        // Replica B learns the blocks over the bus, then routes the document home.
+        let home = route_and_share(a.local_addr(), b.local_addr(), &doc_prompt(doc, 0));
+        for q in 1..4 {
+            let (status, backend, reason) = ask(b.local_addr(), &doc_prompt(doc, q));
+            assert_eq!(status, 200);
+            assert_eq!(
+                (backend.as_str(), reason.as_str()),
+                (home.as_str(), "longest-prefix"),
+                "document {doc}, question {q}"
+            );
+        }
+    }
+    // And back: what B placed, A finds.
+    let home = route_and_share(b.local_addr(), a.local_addr(), &doc_prompt(9, 0));
+    let (_, backend, reason) = ask(a.local_addr(), &doc_prompt(9, 1));
+    assert_eq!((backend, reason.as_str()), (home, "longest-prefix"));
+    let m = scrape(b.local_addr());
+    assert!(metric(&m, "radixgate_cluster_ops_applied_total").unwrap() > 0.0);
+    assert_eq!(metric(&m, "radixgate_cluster_connected "), Some(1.0));
+    // Every cluster family is in README's metrics table.
+    let documented = common::documented_metrics();
+    for line in m
+        .lines()
+        .filter(|l| l.starts_with("# TYPE radixgate_cluster"))
+    {
+        let name = line.split(' ').nth(2).unwrap();
+        assert!(
+            documented.iter().any(|d| d == name),
+            "{name} is not in README's metrics table"
+        );
+    }
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn a_replica_that_cuts_prompts_differently_refuses_to_join() {
+    let bus = Bus::start();
+    let engines = engines(1);
+    let ch = channel("fingerprint");
+    let a = replica(&engines, &cluster_toml(&bus, &ch, ""));
+    let toml = cluster_toml(&bus, &ch, "block_bytes = 128");
+    let config = radixgate::config::Config::from_toml(&common::gateway_toml(
+        "epoll",
+        1,
+        &toml,
+        &[("e0", engines[0].url(), "sim")],
+    ))
+    .expect("a valid config");
+    let err = match Gateway::start(config) {
+        Ok(_) => panic!("a replica with another block size joined the fleet"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("refuses to join") && err.contains("routing.block_bytes"),
+        "{err}"
+    );
+    // Another channel is another fleet: it starts.
+    let other = replica(
+        &engines,
+        &cluster_toml(&bus, &channel("other"), "block_bytes = 128"),
+    );
+    other.shutdown();
+    a.shutdown();
+}
+
+#[test]
+fn peers_see_each_others_in_flight_requests() {
+    let bus = Bus::start();
+    // One slow engine: requests stay in flight while the peer looks.
+    let slow = slow_engine(Duration::from_millis(400));
+    let engines = vec![slow];
+    let toml = cluster_toml(&bus, &channel("load"), "");
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(b.local_addr(), 1);
+    let addr = a.local_addr();
+    let senders: Vec<_> = (0..3)
+        .map(|q| std::thread::spawn(move || ask(addr, &doc_prompt(1, q)).0))
+        .collect();
+    // B's backend view counts A's three requests as the fleet's.
+    assert!(
+        eventually(Duration::from_secs(3), || {
+            let m = scrape(b.local_addr());
+            metric(&m, "radixgate_backend_in_flight{backend=\"e0\"}") == Some(0.0)
+                && metric(&m, "radixgate_cluster_peer_in_flight{backend=\"e0\"}") == Some(3.0)
+        }),
+        "{}",
+        scrape(b.local_addr())
+    );
+    for s in senders {
+        assert_eq!(s.join().unwrap(), 200);
+    }
+    assert!(eventually(Duration::from_secs(3), || metric(
+        &scrape(b.local_addr()),
+        "radixgate_cluster_peer_in_flight{backend=\"e0\"}"
+    ) == Some(0.0)));
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn a_silent_peer_is_dropped_with_its_load() {
+    let bus = Bus::start();
+    let slow = slow_engine(Duration::from_millis(600));
+    let engines = vec![slow];
+    let toml = cluster_toml(&bus, &channel("silent"), "");
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(b.local_addr(), 1);
+    let addr = a.local_addr();
+    let sender = std::thread::spawn(move || ask(addr, &doc_prompt(2, 0)).0);
+    assert!(eventually(Duration::from_secs(2), || metric(
+        &scrape(b.local_addr()),
+        "radixgate_cluster_peer_in_flight{backend=\"e0\"}"
+    ) == Some(1.0)));
+    // A stops reporting (its threads end with the gateway; its request is cut):
+    // B drops it within the peer timeout, and its load with it.
+    a.shutdown();
+    let _ = sender.join();
+    assert!(eventually(Duration::from_secs(3), || {
+        let m = scrape(b.local_addr());
+        metric(&m, "radixgate_cluster_peers ") == Some(0.0)
+            && metric(&m, "radixgate_cluster_peer_in_flight{backend=\"e0\"}") == Some(0.0)
+    }));
+    b.shutdown();
+}
+
+#[test]
+fn the_bus_going_away_costs_no_request_and_sharing_resumes() {
+    let mut bus = Bus::start();
+    let engines = engines(3);
+    let toml = cluster_toml(&bus, &channel("outage"), "");
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(a.local_addr(), 1);
+    bus.kill();
+    // Both keep routing on local state: every request answered.
+    for q in 0..20 {
+        for gw in [&a, &b] {
+            let (status, _, _) = ask(gw.local_addr(), &doc_prompt(q % 3, q));
+            assert_eq!(status, 200, "request {q} failed while the bus was down");
+        }
+    }
+    assert!(eventually(Duration::from_secs(3), || {
+        let m = scrape(a.local_addr());
+        metric(&m, "radixgate_cluster_connected ") == Some(0.0)
+            && metric(&m, "radixgate_cluster_outages_total") == Some(1.0)
+    }));
+    // The bus comes back on its port: both rejoin, and sharing works again.
+    let _bus = Bus::start_on(bus.port);
+    for gw in [&a, &b] {
+        assert!(
+            eventually(Duration::from_secs(10), || metric(
+                &scrape(gw.local_addr()),
+                "radixgate_cluster_connected "
+            ) == Some(1.0)),
+            "a replica did not reconnect"
+        );
+    }
+    wait_peers(a.local_addr(), 1);
+    wait_peers(b.local_addr(), 1);
+    let home = route_and_share(a.local_addr(), b.local_addr(), &doc_prompt(7, 0));
+    let (_, backend, reason) = ask(b.local_addr(), &doc_prompt(7, 1));
+    assert_eq!((backend, reason.as_str()), (home, "longest-prefix"));
+    // One outage, counted once.
+    assert_eq!(
+        metric(&scrape(a.local_addr()), "radixgate_cluster_outages_total"),
+        Some(1.0)
+    );
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn bad_bus_messages_are_counted_and_dropped() {
+    use radixgate::cluster::wire::{encode, BackendKey, Header, Op};
+    let bus = Bus::start();
+    let engines = engines(2);
+    let ch = channel("garbage");
+    let toml = common::gateway_toml(
+        "epoll",
+        1,
+        &cluster_toml(&bus, &ch, ""),
+        &[
+            ("e0", engines[0].url(), "sim"),
+            ("e1", engines[1].url(), "sim"),
+        ],
+    );
+    let config = radixgate::config::Config::from_toml(&toml).expect("a valid config");
+    let ours = radixgate::cluster::config_fingerprint(&config);
+    let a = Gateway::start(config).expect("gateway starts");
+    let addr = a.local_addr();
+    assert!(eventually(Duration::from_secs(5), || metric(
+        &scrape(addr),
+        "radixgate_cluster_connected "
+    ) == Some(1.0)));
+    let topic = format!("{ch}:ops");
+    let header = |fingerprint: u64, seq: u64| Header {
+        fingerprint,
+        node: 99,
+        epoch: 1,
+        seq,
+        sent_us: 0,
+    };
+    let unknown = Op::Insert {
+        backend: BackendKey(1),
+        blocks: vec![1u64, 2, 3].into(),
+        now_ms: 0,
+    };
+    bus.publish(&topic, b"hello, not ours");
+    bus.publish(
+        &topic,
+        &encode(&header(ours ^ 1, 0), std::slice::from_ref(&unknown)),
+    );
+    let mut wrong_version = encode(&header(ours, 0), &[]);
+    wrong_version[4] = 9;
+    bus.publish(&topic, &wrong_version);
+    let valid = encode(&header(ours, 0), &[unknown]);
+    bus.publish(&topic, &valid[..valid.len() - 3]);
+    let mut bad_tag = valid.clone();
+    bad_tag[radixgate::cluster::wire::HEADER_LEN] = 0xEE;
+    bus.publish(&topic, &bad_tag);
+    // A well-formed batch naming a backend this replica lacks, then its duplicate.
+    bus.publish(&topic, &valid);
+    bus.publish(&topic, &valid);
+    let expect = [
+        ("foreign", 1.0),
+        ("fingerprint", 1.0),
+        ("version", 1.0),
+        ("truncated", 1.0),
+        ("malformed", 1.0),
+        ("duplicate", 1.0),
+    ];
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let m = scrape(addr);
+            metric(&m, "radixgate_cluster_ops_unknown_backend_total") == Some(1.0)
+                && expect.iter().all(|(why, n)| {
+                    metric(
+                        &m,
+                        &format!("radixgate_cluster_messages_dropped_total{{reason=\"{why}\"}}"),
+                    ) == Some(*n)
+                })
+        }),
+        "{}",
+        scrape(addr)
+    );
+    // Nothing reached the index, and the gateway serves on.
+    assert_eq!(coordinator_blocks(addr), 0.0);
+    assert_eq!(ask(addr, &doc_prompt(0, 0)).0, 200);
+    a.shutdown();
+}
