@@ -46,6 +46,9 @@ pub enum AdminRequest {
     RemoveBackend { id: String, reply: Reply },
     /// Apply a reloaded, validated config; the reply summarises what changed.
     Reload { config: Box<Config>, reply: Reply },
+    /// The authoritative index and session bindings, for a joining cluster peer
+    /// (asked by the cluster subscriber, not the admin API).
+    Snapshot(Sender<crate::cluster::Snapshot>),
 }
 
 /// Serves the admin API on `listener` until `stop` fires or is dropped. `source` is

@@ -285,6 +285,13 @@ impl Coordinator {
             AdminRequest::Reload { config, reply } => {
                 let _ = reply.send(self.on_reload(*config));
             }
+            AdminRequest::Snapshot(reply) => {
+                let _ = reply.send(crate::cluster::Snapshot {
+                    now_ms: self.shared.now_ms(),
+                    index: self.replica.index.export(),
+                    sessions: self.replica.sessions.export(),
+                });
+            }
         }
     }
 

@@ -268,26 +268,25 @@ impl Gateway {
         }
         if let Some((config, status, pub_rx, sub_rx, ops_tx, ops_rx)) = cluster {
             drop(ops_tx); // the coordinator holds the sender
-            let (c, st, sh, l, stop) = (
-                config.clone(),
-                status.clone(),
-                shared.clone(),
-                live.clone(),
-                stop_rx.clone(),
-            );
+            let start = |config| crate::cluster::Start {
+                config,
+                status: status.clone(),
+                shared: shared.clone(),
+                live: live.clone(),
+            };
+            let (publisher, subscriber) = (start(config.clone()), start(config));
+            let stop = stop_rx.clone();
             control_threads.push(
                 std::thread::Builder::new()
                     .name("radixgate-cluster-pub".into())
-                    .spawn(move || {
-                        crate::cluster::publish::run(c, st, sh, l, pub_rx, ops_rx, stop)
-                    })?,
+                    .spawn(move || crate::cluster::publish::run(publisher, pub_rx, ops_rx, stop))?,
             );
-            let (sh, l, stop) = (shared.clone(), live.clone(), stop_rx.clone());
+            let (coordinator, stop) = (admin_tx.clone(), stop_rx.clone());
             control_threads.push(
                 std::thread::Builder::new()
                     .name("radixgate-cluster-sub".into())
                     .spawn(move || {
-                        crate::cluster::subscribe::run(config, status, sh, l, sub_rx, stop)
+                        crate::cluster::subscribe::run(subscriber, coordinator, sub_rx, stop)
                     })?,
             );
         }

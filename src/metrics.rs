@@ -360,6 +360,11 @@ fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gau
             "Peer replicas heard from within cluster.peer_timeout_ms.",
             peers as u64,
         ),
+        (
+            "radixgate_cluster_warm",
+            "1 once this replica has loaded its peers' index (or found no peer, or stopped waiting): /ready says ready.",
+            u64::from(c.warm.load(Relaxed)),
+        ),
     ] {
         out.family(name, Kind::Gauge, help)
             .row(vec![], Value::Int(v));
@@ -373,6 +378,8 @@ fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gau
         ("radixgate_cluster_ops_applied_total", "Peers' index ops handed to the coordinator (applied to every shard's index).", c.ops_applied.load(Relaxed)),
         ("radixgate_cluster_ops_unknown_backend_total", "Peers' ops naming a backend this replica does not have.", c.ops_unknown_backend.load(Relaxed)),
         ("radixgate_cluster_gaps_total", "Peers' batches that never arrived (lost while the bus was down).", c.gaps.load(Relaxed)),
+        ("radixgate_cluster_snapshots_loaded_total", "Peers' snapshots of the index this replica loaded (at start, and after each outage).", c.snapshots_loaded.load(Relaxed)),
+        ("radixgate_cluster_snapshots_served_total", "Snapshots of the index this replica stored for a joining peer.", c.snapshots_served.load(Relaxed)),
     ] {
         out.family(name, Kind::Counter, help).row(vec![], Value::Int(v));
     }

@@ -186,8 +186,14 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> bool {
             .await
         }
         ("/ready", Method::Get) => {
-            let ready = shard.fleet.borrow().any_healthy();
-            let (status, body) = if ready {
+            let warm = shard
+                .shared
+                .cluster
+                .as_ref()
+                .is_none_or(|c| c.warm.load(std::sync::atomic::Ordering::Relaxed));
+            let (status, body) = if !warm {
+                (503, &b"{\"status\":\"warming\"}"[..])
+            } else if shard.fleet.borrow().any_healthy() {
                 (200, &b"{\"status\":\"ready\"}"[..])
             } else {
                 (503, &b"{\"status\":\"no healthy backend\"}"[..])

@@ -271,6 +271,16 @@ fn the_bus_going_away_costs_no_request_and_sharing_resumes() {
         metric(&m, "radixgate_cluster_connected ") == Some(0.0)
             && metric(&m, "radixgate_cluster_outages_total") == Some(1.0)
     }));
+    // What A routes while the bus is down, B learns by the resync after it.
+    let (_, outage_home, _) = ask(a.local_addr(), &doc_prompt(50, 0));
+    let loaded = |gw: &Gateway| {
+        metric(
+            &scrape(gw.local_addr()),
+            "radixgate_cluster_snapshots_loaded_total",
+        )
+        .unwrap()
+    };
+    let loaded_before = loaded(&b);
     // The bus comes back on its port: both rejoin, and sharing works again.
     let _bus = Bus::start_on(bus.port);
     for gw in [&a, &b] {
@@ -284,6 +294,13 @@ fn the_bus_going_away_costs_no_request_and_sharing_resumes() {
     }
     wait_peers(a.local_addr(), 1);
     wait_peers(b.local_addr(), 1);
+    assert!(
+        eventually(Duration::from_secs(5), || loaded(&b) > loaded_before),
+        "B did not resync from A's snapshot"
+    );
+    common::wait_replicated(b.local_addr());
+    let (_, backend, reason) = ask(b.local_addr(), &doc_prompt(50, 1));
+    assert_eq!((backend, reason.as_str()), (outage_home, "longest-prefix"));
     let home = route_and_share(a.local_addr(), b.local_addr(), &doc_prompt(7, 0));
     let (_, backend, reason) = ask(b.local_addr(), &doc_prompt(7, 1));
     assert_eq!((backend, reason.as_str()), (home, "longest-prefix"));
@@ -374,4 +391,130 @@ fn bad_bus_messages_are_counted_and_dropped() {
     assert_eq!(coordinator_blocks(addr), 0.0);
     assert_eq!(ask(addr, &doc_prompt(0, 0)).0, 200);
     a.shutdown();
+}
+
+fn ready(addr: SocketAddr) -> u16 {
+    Client::connect(addr).get("/ready").status
+}
+
+#[test]
+fn a_replica_started_after_the_traffic_starts_warm() {
+    let bus = Bus::start();
+    let engines = engines(3);
+    let toml = cluster_toml(&bus, &channel("warm"), "");
+    let a = replica(&engines, &toml);
+    // Alone on its channel, the first replica is ready once nobody answers.
+    assert!(eventually(Duration::from_secs(5), || ready(a.local_addr()) == 200));
+    let homes: Vec<String> = (0..6)
+        .map(|doc| ask(a.local_addr(), &doc_prompt(doc, 0)).1)
+        .collect();
+    common::wait_replicated(a.local_addr());
+    // B starts after the traffic, and no request reaches A from now on.
+    let b = replica(&engines, &toml);
+    assert!(
+        eventually(Duration::from_secs(5), || ready(b.local_addr()) == 200),
+        "the new replica never became ready"
+    );
+    let m = scrape(b.local_addr());
+    assert_eq!(
+        metric(&m, "radixgate_cluster_snapshots_loaded_total"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(metric(&m, "radixgate_cluster_warm "), Some(1.0));
+    assert_eq!(
+        metric(
+            &scrape(a.local_addr()),
+            "radixgate_cluster_snapshots_served_total"
+        ),
+        Some(1.0)
+    );
+    common::wait_replicated(b.local_addr());
+    for (doc, home) in homes.iter().enumerate() {
+        let (status, backend, reason) = ask(b.local_addr(), &doc_prompt(doc, 1));
+        assert_eq!(status, 200);
+        assert_eq!(
+            (backend.as_str(), reason.as_str()),
+            (home.as_str(), "longest-prefix"),
+            "document {doc} on the new replica"
+        );
+    }
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn without_a_peer_to_answer_a_replica_is_ready_after_the_warm_timeout() {
+    use radixgate::cluster::wire::{encode, Header};
+    let bus = Bus::start();
+    let engines = engines(1);
+    let ch = channel("nowarm");
+    let toml = common::gateway_toml(
+        "epoll",
+        1,
+        &cluster_toml(&bus, &ch, "").replace("[cluster]\n", "[cluster]\nwarm_timeout_ms = 1000\n"),
+        &[("e0", engines[0].url(), "sim")],
+    );
+    let config = radixgate::config::Config::from_toml(&toml).expect("a valid config");
+    let fingerprint = radixgate::cluster::config_fingerprint(&config);
+    // A peer that beats but never answers a roll call.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beating = {
+        let (stop, topic, port) = (stop.clone(), format!("{ch}:ops"), bus.port);
+        std::thread::spawn(move || {
+            let bus = Bus::attach(port);
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let header = Header {
+                    fingerprint,
+                    node: 77,
+                    epoch: 1,
+                    seq,
+                    sent_us: 0,
+                };
+                bus.publish(&topic, &encode(&header, &[]));
+                seq += 1;
+                common::pause(Duration::from_millis(20));
+            }
+        })
+    };
+    let late = Gateway::start(config).expect("gateway starts");
+    wait_peers(late.local_addr(), 1);
+    assert_eq!(
+        metric(&scrape(late.local_addr()), "radixgate_cluster_warm "),
+        Some(0.0)
+    );
+    assert_eq!(ready(late.local_addr()), 503);
+    assert!(eventually(Duration::from_secs(5), || ready(
+        late.local_addr()
+    ) == 200));
+    assert_eq!(
+        metric(
+            &scrape(late.local_addr()),
+            "radixgate_cluster_snapshots_loaded_total"
+        ),
+        Some(0.0)
+    );
+    stop.store(true, Ordering::Relaxed);
+    beating.join().unwrap();
+    late.shutdown();
+}
+
+#[test]
+fn replicas_started_together_do_not_wait_on_each_other() {
+    let bus = Bus::start();
+    let engines = engines(1);
+    let toml = cluster_toml(&bus, &channel("together"), "")
+        .replace("[cluster]\n", "[cluster]\nwarm_timeout_ms = 60000\n");
+    let fleet: Vec<Gateway> = (0..3).map(|_| replica(&engines, &toml)).collect();
+    // The oldest answers the others' roll calls while cold; nobody waits a minute.
+    for gw in &fleet {
+        assert!(
+            eventually(Duration::from_secs(10), || ready(gw.local_addr()) == 200),
+            "a replica started with its peers is still warming"
+        );
+    }
+    for gw in fleet {
+        gw.shutdown();
+    }
 }

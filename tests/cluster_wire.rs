@@ -61,6 +61,9 @@ fn every_op() -> Vec<Op> {
             requests: 3,
             tokens: 1 << 40,
         },
+        Op::SnapshotRequest {
+            nonce: u64::MAX - 1,
+        },
     ]
 }
 
@@ -319,6 +322,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
                 tokens,
             }
         }),
+        any::<u64>().prop_map(|nonce| Op::SnapshotRequest { nonce }),
     ]
 }
 

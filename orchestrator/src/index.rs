@@ -58,6 +58,9 @@ use crate::policy::BackendIdx;
 mod arena;
 mod check;
 mod evict;
+mod export;
+
+pub use export::Held;
 #[cfg(test)]
 mod model;
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
 pub use disagg::{DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
 pub use engine_cache::EngineCache;
-pub use index::{IndexConfig, PrefixIndex, PrefixMatch};
+pub use index::{Held, IndexConfig, PrefixIndex, PrefixMatch};
 pub use media::{Capabilities, MediaNeeds};
 pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,

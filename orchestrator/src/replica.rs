@@ -160,6 +160,18 @@ impl SessionTable {
         entry.1 = entry.1.max(now_ms);
     }
 
+    /// Every binding as `(session, backend, last bound)`, expired or not, in session
+    /// order (what a joining cluster replica loads).
+    pub fn export(&self) -> Vec<(u64, BackendIdx, u64)> {
+        let mut v: Vec<_> = self
+            .bindings
+            .iter()
+            .map(|(&s, &(b, t))| (s, b, t))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn len(&self) -> usize {
         self.bindings.len()
     }

@@ -28,9 +28,13 @@ pub mod publish;
 pub mod subscribe;
 pub mod wire;
 
+use crate::backends::LiveConfig;
 use crate::config::{ClusterConfig, Config, Hashing};
+use crate::shard::Shared;
+use radixgate_orchestrator::policy::BackendIdx;
+use radixgate_orchestrator::Held;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wire::BackendKey;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -93,6 +97,24 @@ pub fn config_fingerprint(config: &Config) -> u64 {
     };
     let isolation = u64::from(config.tenant_prefix_isolation);
     fingerprint(config.routing.block_bytes.get(), &hashing, &[isolation])
+}
+
+/// What both cluster threads start from.
+pub struct Start {
+    pub config: ClusterConfig,
+    pub status: Arc<ClusterStatus>,
+    pub shared: Arc<Shared>,
+    /// The live config at start (the threads follow its successors).
+    pub live: Arc<LiveConfig>,
+}
+
+/// The coordinator's index and session bindings at `now_ms` (its index clock), for a
+/// joining peer.
+pub struct Snapshot {
+    pub now_ms: u64,
+    pub index: Vec<Held>,
+    /// `(session, backend, last bound)`.
+    pub sessions: Vec<(u64, BackendIdx, u64)>,
 }
 
 /// Why a bus message was dropped, each counted apart.
@@ -186,6 +208,16 @@ pub struct ClusterStatus {
     pub peers: Mutex<Vec<PeerView>>,
     /// The bus refused this replica: another routing fingerprint holds the fleet.
     pub refused: AtomicBool,
+    /// Loaded its peers' index (or found none, or gave up waiting): `/ready` says
+    /// ready from then on.
+    pub warm: AtomicBool,
+    /// Snapshots this replica loaded, and the ops they held.
+    pub snapshots_loaded: AtomicU64,
+    pub snapshot_ops: AtomicU64,
+    /// How long the last warm start took, from joining to loaded (ms).
+    pub warm_ms: AtomicU64,
+    /// Snapshots this replica stored for a joining peer.
+    pub snapshots_served: AtomicU64,
 }
 
 impl ClusterStatus {
@@ -210,6 +242,11 @@ impl ClusterStatus {
             lag_p99_us: AtomicU64::new(0),
             peers: Mutex::new(Vec::new()),
             refused: AtomicBool::new(false),
+            warm: AtomicBool::new(false),
+            snapshots_loaded: AtomicU64::new(0),
+            snapshot_ops: AtomicU64::new(0),
+            warm_ms: AtomicU64::new(0),
+            snapshots_served: AtomicU64::new(0),
         }
     }
 
@@ -236,6 +273,13 @@ impl ClusterStatus {
             "fingerprint": format!("{:016x}", self.fingerprint),
             "connected": self.connected.load(Ordering::Relaxed),
             "refused": self.refused.load(Ordering::Relaxed),
+            "warm": self.warm.load(Ordering::Relaxed),
+            "warm_start": {
+                "snapshots_loaded": get(&self.snapshots_loaded),
+                "snapshot_ops": get(&self.snapshot_ops),
+                "last_warm_ms": get(&self.warm_ms),
+                "snapshots_served": get(&self.snapshots_served),
+            },
             "outages": get(&self.outages),
             "peers": peers,
             "published": {
@@ -276,6 +320,11 @@ pub fn unix_us() -> u64 {
 /// The pub/sub channel a fleet shares.
 pub fn channel(config: &ClusterConfig) -> String {
     format!("{}:ops", config.channel)
+}
+
+/// The key a peer stores its snapshot under for the request `nonce`.
+pub fn snapshot_key(config: &ClusterConfig, nonce: u64) -> String {
+    format!("{}:snapshot:{nonce:016x}", config.channel)
 }
 
 /// The key holding the fleet's routing fingerprint.

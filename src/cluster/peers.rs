@@ -110,6 +110,11 @@ impl Peers {
         (in_flight, tokens)
     }
 
+    /// The oldest peer heard, as `(epoch, node)`.
+    pub fn oldest(&self) -> Option<(u64, u64)> {
+        self.peers.iter().map(|(&node, p)| (p.epoch, node)).min()
+    }
+
     pub fn len(&self) -> usize {
         self.peers.len()
     }

@@ -41,7 +41,7 @@ pub fn backend_keys(live: &LiveConfig) -> Vec<Option<BackendKey>> {
 
 /// The wire form of a routing op; `None` for ops a replica keeps to itself (engine
 /// facts and config changes: every replica learns those on its own).
-fn to_wire(op: &IndexOp, keys: &[Option<BackendKey>]) -> Option<Op> {
+pub(super) fn to_wire(op: &IndexOp, keys: &[Option<BackendKey>]) -> Option<Op> {
     let key = |slot: usize| keys.get(slot).copied().flatten();
     Some(match op {
         IndexOp::Insert {
@@ -191,14 +191,17 @@ pub fn refuse(status: &ClusterStatus, config: &ClusterConfig) {
 /// Runs until `stop` disconnects (or the coordinator's op channel does).
 #[allow(clippy::disallowed_methods)] // its own thread, never a shard
 pub fn run(
-    config: ClusterConfig,
-    status: Arc<ClusterStatus>,
-    shared: Arc<Shared>,
-    mut live: Arc<LiveConfig>,
+    start: super::Start,
     updates: Receiver<Arc<LiveConfig>>,
     ops: Receiver<IndexOp>,
     stop: Receiver<()>,
 ) {
+    let super::Start {
+        config,
+        status,
+        shared,
+        mut live,
+    } = start;
     let mut keys = backend_keys(&live);
     let mut p = Publisher {
         channel: super::channel(&config),

@@ -15,10 +15,23 @@
 //!
 //! When the bus goes away the thread logs it once, counts an outage, and
 //! reconnects every [`RECONNECT_EVERY`]; routing never waits for it.
+//!
+//! **Warm start.** Each time it joins (at start, and again after an outage) the
+//! thread is subscribed before it asks, so it misses nothing published after: once
+//! it has heard a peer, it publishes a `SnapshotRequest` with a fresh nonce; every
+//! warm peer asks its coordinator for the authoritative index and session bindings
+//! and stores them, as one wire batch, under the nonce's key (`SET NX`, so one copy
+//! is kept, expiring after 30 s). The joiner loads the first copy it finds, with
+//! each entry's age (not the peer's clock) carried over, and is warm: `/ready`
+//! answers 200 from then on. With no peer heard within three report intervals it is
+//! warm at once (the first replica); with no snapshot within `warm_timeout_ms` it
+//! is warm anyway, with a warning. Ops published while it loads arrive on the
+//! subscription as usual; applying one twice is harmless.
 
 use super::peers::{Peers, Verdict};
-use super::wire::{self, BackendKey, Op};
+use super::wire::{self, BackendKey, Header, Op};
 use super::{publish::backend_keys, ClusterStatus, Dropped, RECONNECT_EVERY};
+use crate::admin::AdminRequest;
 use crate::backends::LiveConfig;
 use crate::config::ClusterConfig;
 use crate::replica::{IndexEvent, IndexOp, Origin};
@@ -31,6 +44,10 @@ use std::time::{Duration, Instant};
 
 /// The longest one read waits, so the thread sees `stop` and its report tick.
 const READ_WAIT: Duration = Duration::from_millis(50);
+/// The same while warming up (the snapshot key is polled between reads).
+const WARMING_READ_WAIT: Duration = Duration::from_millis(5);
+/// How long a stored snapshot lives.
+const SNAPSHOT_TTL_MS: u64 = 30_000;
 /// Lag samples kept per report interval (beyond this, the rest are not sampled).
 const LAG_SAMPLES: usize = 4_096;
 
@@ -49,6 +66,18 @@ struct Subscriber {
     /// The bus was lost and has not come back yet.
     down: bool,
     next_report: Instant,
+    /// To ask the coordinator for a snapshot a peer wants.
+    coordinator: crossbeam_channel::Sender<AdminRequest>,
+    /// A plain connection beside the subscription (which can run nothing else),
+    /// for the warm-start requests and snapshots.
+    commands: Option<redis::Connection>,
+    /// Since when this (re)join has been warming up, and the request sent.
+    warming: Option<Warming>,
+}
+
+struct Warming {
+    since: Instant,
+    asked: Option<u64>,
 }
 
 fn slots_of(live: &LiveConfig) -> HashMap<BackendKey, usize> {
@@ -62,14 +91,21 @@ fn slots_of(live: &LiveConfig) -> HashMap<BackendKey, usize> {
 /// Runs until `stop` disconnects.
 #[allow(clippy::disallowed_methods)] // its own thread, never a shard
 pub fn run(
-    config: ClusterConfig,
-    status: Arc<ClusterStatus>,
-    shared: Arc<Shared>,
-    live: Arc<LiveConfig>,
+    start: super::Start,
+    coordinator: crossbeam_channel::Sender<AdminRequest>,
     updates: Receiver<Arc<LiveConfig>>,
     stop: Receiver<()>,
 ) {
+    let super::Start {
+        config,
+        status,
+        shared,
+        live,
+    } = start;
     let mut s = Subscriber {
+        coordinator,
+        commands: None,
+        warming: None,
         peers: Peers::new(config.peer_timeout),
         slots: slots_of(&live),
         config,
@@ -121,9 +157,17 @@ pub fn run(
             continue;
         }
         s.joined();
+        let mut wait = READ_WAIT;
         while !stopped() {
             while let Ok(newer) = updates.try_recv() {
                 s.follow(newer);
+            }
+            let want = match s.warming {
+                Some(_) => WARMING_READ_WAIT,
+                None => READ_WAIT,
+            };
+            if want != wait && pubsub.set_read_timeout(Some(want)).is_ok() {
+                wait = want;
             }
             match pubsub.get_message() {
                 Ok(msg) => s.on_message(msg.get_payload_bytes()),
@@ -133,6 +177,7 @@ pub fn run(
                     break;
                 }
             }
+            s.warm_up();
             s.tick();
         }
     }
@@ -159,6 +204,10 @@ impl Subscriber {
 
     fn joined(&mut self) {
         self.status.connected.store(true, Ordering::Relaxed);
+        self.warming = Some(Warming {
+            since: Instant::now(),
+            asked: None,
+        });
         if self.down {
             self.down = false;
             tracing::info!(url = %self.config.url, "cluster bus is back; sharing routing state again");
@@ -193,6 +242,10 @@ impl Subscriber {
         let h = batch.header;
         if h.node == self.status.node_id && h.epoch == self.status.epoch {
             return; // our own
+        }
+        // A joiner's roll call is outside its numbered stream: never fenced.
+        if let [Op::SnapshotRequest { nonce }] = batch.ops.as_slice() {
+            return self.serve_snapshot(*nonce, &h);
         }
         let now = Instant::now();
         match self.peers.admit(&h, now) {
@@ -269,7 +322,8 @@ impl Subscriber {
                 return;
             }
             // Not shared yet: each replica checks health and keeps its own quotas.
-            Op::Health { .. } | Op::Tenant { .. } => return,
+            // A roll call inside a numbered batch is not one a joiner sends.
+            Op::Health { .. } | Op::Tenant { .. } | Op::SnapshotRequest { .. } => return,
         };
         let Some(op) = index_op else {
             self.status
@@ -324,6 +378,234 @@ impl Subscriber {
                 self.shared.in_flight.set_peers(slot, now.0);
                 self.shared.pending_prefill.set_peer_tokens(slot, now.1);
             }
+        }
+    }
+
+    /// A plain bus connection for commands, opened when first needed.
+    fn commands(&mut self) -> Option<&mut redis::Connection> {
+        if self.commands.is_none() {
+            self.commands = super::connect(&self.config).ok();
+        }
+        self.commands.as_mut()
+    }
+
+    /// One step of warming up (see the module docs); called between reads.
+    fn warm_up(&mut self) {
+        let Some(w) = &self.warming else {
+            return;
+        };
+        let (since, asked) = (w.since, w.asked);
+        let waited = since.elapsed();
+        match asked {
+            None if self.peers.is_empty() => {
+                if waited >= 3 * self.config.report_interval {
+                    self.warmed(
+                        since,
+                        "no peer answered the roll call: this replica starts the fleet's index",
+                    );
+                }
+            }
+            None => {
+                let nonce = fastrand::u64(..);
+                let request = wire::encode(&self.header(0), &[Op::SnapshotRequest { nonce }]);
+                let channel = super::channel(&self.config);
+                let sent = self.commands().map(|c| {
+                    redis::cmd("PUBLISH")
+                        .arg(&channel)
+                        .arg(&request)
+                        .query::<i64>(c)
+                });
+                match sent {
+                    Some(Ok(_)) => {
+                        if let Some(w) = &mut self.warming {
+                            w.asked = Some(nonce);
+                        }
+                    }
+                    _ => self.commands = None,
+                }
+            }
+            Some(nonce) => {
+                let key = super::snapshot_key(&self.config, nonce);
+                let got = self
+                    .commands()
+                    .map(|c| redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c));
+                match got {
+                    Some(Ok(Some(bytes))) => {
+                        self.load_snapshot(&bytes, since);
+                        return;
+                    }
+                    Some(Ok(None)) => {}
+                    _ => self.commands = None,
+                }
+            }
+        }
+        if self.warming.is_some() && waited >= self.config.warm_timeout {
+            tracing::warn!(
+                waited_ms = waited.as_millis() as u64,
+                "cluster: no peer's snapshot arrived in cluster.warm_timeout_ms; ready with what the bus brings from now on"
+            );
+            self.warmed(since, "");
+        }
+    }
+
+    fn warmed(&mut self, since: Instant, why: &str) {
+        self.warming = None;
+        self.status
+            .warm_ms
+            .store(since.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if !why.is_empty() {
+            tracing::info!("cluster: {why}");
+        }
+        self.status.warm.store(true, Ordering::Relaxed);
+    }
+
+    /// Loads a peer's snapshot into the coordinator (and so every shard).
+    fn load_snapshot(&mut self, bytes: &[u8], since: Instant) {
+        let batch = match wire::decode(bytes, self.status.fingerprint) {
+            Ok(b) => b,
+            Err(e) => {
+                self.status.count_dropped(Dropped::of(&e));
+                tracing::warn!(error = %e, "cluster: a peer's snapshot did not decode; starting from what the bus brings");
+                return self.warmed(since, "");
+            }
+        };
+        let now = Instant::now();
+        let now_ms = self.shared.now_ms();
+        let (mut ops, mut blocks) = (0u64, 0u64);
+        for op in batch.ops {
+            // Snapshot times are ages: this replica's clock is not the peer's.
+            let op = match op {
+                Op::Insert {
+                    backend,
+                    blocks: chain,
+                    now_ms: age,
+                } => {
+                    let Some(&slot) = self.slots.get(&backend) else {
+                        continue;
+                    };
+                    blocks += chain.len() as u64;
+                    IndexOp::Insert {
+                        backend: slot,
+                        blocks: chain,
+                        now_ms: now_ms.saturating_sub(age),
+                    }
+                }
+                Op::BindSession {
+                    session,
+                    backend,
+                    now_ms: age,
+                } => {
+                    let Some(&slot) = self.slots.get(&backend) else {
+                        continue;
+                    };
+                    IndexOp::BindSession {
+                        session,
+                        backend: slot,
+                        now_ms: now_ms.saturating_sub(age),
+                    }
+                }
+                _ => continue,
+            };
+            ops += 1;
+            let _ = self.shared.index_events.send(IndexEvent {
+                origin: Origin::Peer,
+                created: now,
+                op,
+            });
+        }
+        self.status.snapshots_loaded.fetch_add(1, Ordering::Relaxed);
+        self.status.snapshot_ops.fetch_add(ops, Ordering::Relaxed);
+        tracing::info!(
+            ops,
+            blocks,
+            ms = since.elapsed().as_millis() as u64,
+            "cluster: warm from a peer's snapshot"
+        );
+        self.warmed(since, "");
+    }
+
+    /// A peer is joining: store this replica's index for it. Only a warm replica
+    /// answers, or it would hand out an empty index, with one exception that keeps
+    /// replicas started together from waiting on each other: the oldest replica
+    /// heard (earliest epoch, then smallest node id) answers a younger one even
+    /// while cold, and is warm from then on (it starts the fleet's index).
+    fn serve_snapshot(&mut self, nonce: u64, from: &Header) {
+        if !self.status.warm.load(Ordering::Relaxed) {
+            let me = (self.status.epoch, self.status.node_id);
+            let oldest = self.peers.oldest().is_none_or(|peer| me < peer);
+            if !(oldest && me < (from.epoch, from.node)) {
+                return;
+            }
+            if let Some(w) = &self.warming {
+                let since = w.since;
+                self.warmed(
+                    since,
+                    "the oldest replica heard: it starts the fleet's index",
+                );
+            }
+        }
+        let key = super::snapshot_key(&self.config, nonce);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.coordinator.send(AdminRequest::Snapshot(tx)).is_err() {
+            return;
+        }
+        let Ok(snap) = rx.recv_timeout(Duration::from_secs(5)) else {
+            return;
+        };
+        let keys = backend_keys(&self.live);
+        let key_of = |slot: usize| keys.get(slot).copied().flatten();
+        let mut ops = Vec::with_capacity(snap.index.len() + snap.sessions.len());
+        for h in snap.index {
+            if let Some(backend) = key_of(h.backend) {
+                ops.push(Op::Insert {
+                    backend,
+                    blocks: h.blocks.into(),
+                    now_ms: snap.now_ms.saturating_sub(h.last_used),
+                });
+            }
+        }
+        for (session, slot, at) in snap.sessions {
+            if let Some(backend) = key_of(slot) {
+                ops.push(Op::BindSession {
+                    session,
+                    backend,
+                    now_ms: snap.now_ms.saturating_sub(at),
+                });
+            }
+        }
+        let bytes = wire::encode(&self.header(0), &ops);
+        let stored = self.commands().map(|c| {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(&bytes)
+                .arg("NX")
+                .arg("PX")
+                .arg(SNAPSHOT_TTL_MS)
+                .query::<Option<String>>(c)
+        });
+        match stored {
+            Some(Ok(Some(_))) => {
+                self.status.snapshots_served.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    ops = ops.len(),
+                    bytes = bytes.len(),
+                    "cluster: stored a snapshot for a joining peer"
+                );
+            }
+            Some(Ok(None)) => {} // another peer's copy was first
+            _ => self.commands = None,
+        }
+    }
+
+    /// A header for this replica's own requests and snapshots (outside its
+    /// numbered stream: they are never fenced).
+    fn header(&self, seq: u64) -> Header {
+        Header {
+            fingerprint: self.status.fingerprint,
+            node: self.status.node_id,
+            epoch: self.status.epoch,
+            seq,
+            sent_us: super::unix_us(),
         }
     }
 }

@@ -34,6 +34,7 @@
 //!   7 Health      backend u64, healthy u8 (0/1), breaker u8 (0 closed, 1 open,
 //!                 2 half-open)
 //!   8 Tenant      name (len varint <= 256, UTF-8), requests varint, tokens varint
+//!   9 SnapshotRequest  nonce u64 (a joining replica asks for its peers' index)
 //! ```
 //!
 //! Backends are named by a stable [`BackendKey`] (a hash of the backend's URL, the
@@ -67,6 +68,7 @@ const TAG_BIND_SESSION: u8 = 5;
 const TAG_LOAD: u8 = 6;
 const TAG_HEALTH: u8 = 7;
 const TAG_TENANT: u8 = 8;
+const TAG_SNAPSHOT_REQUEST: u8 = 9;
 
 /// A backend as every replica names it: a hash of its URL (computed by the cluster
 /// module), the same whatever slot the backend has in each replica's config.
@@ -165,6 +167,9 @@ pub enum Op {
         requests: u64,
         tokens: u64,
     },
+    /// A joining (or rejoining) replica asks for its peers' index: they answer by
+    /// storing a snapshot under a key named by `nonce`.
+    SnapshotRequest { nonce: u64 },
 }
 
 /// A decoded message.
@@ -343,6 +348,10 @@ impl<'a> Encoder<'a> {
                 b.extend_from_slice(&tenant.as_bytes()[..end]);
                 put_var(b, *requests);
                 put_var(b, *tokens);
+            }
+            Op::SnapshotRequest { nonce } => {
+                b.push(TAG_SNAPSHOT_REQUEST);
+                put_u64(b, *nonce);
             }
         }
         self.ops += 1;
@@ -597,6 +606,7 @@ impl Reader<'_> {
                     tokens: self.var()?,
                 }
             }
+            TAG_SNAPSHOT_REQUEST => Op::SnapshotRequest { nonce: self.u64()? },
             _ => return Err(WireError::Malformed("unknown op tag")),
         })
     }

@@ -33,6 +33,9 @@ pub(super) struct ClusterWire {
     report_interval_ms: u64,
     /// A peer silent for this long is dropped, and its load with it.
     peer_timeout_ms: u64,
+    /// Longest a joining replica waits for a peer's snapshot of the index before it
+    /// reports ready anyway (with a warning).
+    warm_timeout_ms: u64,
 }
 
 impl Default for ClusterWire {
@@ -48,6 +51,7 @@ impl Default for ClusterWire {
             batch_ops: 64,
             report_interval_ms: 100,
             peer_timeout_ms: 3_000,
+            warm_timeout_ms: 2_000,
         }
     }
 }
@@ -65,6 +69,7 @@ pub struct ClusterConfig {
     pub batch_ops: usize,
     pub report_interval: Duration,
     pub peer_timeout: Duration,
+    pub warm_timeout: Duration,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -175,6 +180,7 @@ pub(super) fn validate(wire: ClusterWire, errors: &mut Vec<String>) -> Option<Cl
         batch_ops: wire.batch_ops,
         report_interval: Duration::from_millis(wire.report_interval_ms),
         peer_timeout: Duration::from_millis(wire.peer_timeout_ms),
+        warm_timeout: Duration::from_millis(wire.warm_timeout_ms),
     })
 }
 

@@ -149,6 +149,7 @@ pub const KEYS: &[Key] = &[
     restart("cluster.batch_ops"),
     restart("cluster.report_interval_ms"),
     restart("cluster.peer_timeout_ms"),
+    restart("cluster.warm_timeout_ms"),
     live("auth.required"),
     // Salts every tenant's hash chains: the whole index would change meaning.
     restart("tenancy.prefix_isolation"),

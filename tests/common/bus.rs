@@ -56,6 +56,15 @@ impl Bus {
         bus
     }
 
+    /// A handle on a bus another handle started (it does not stop it).
+    pub fn attach(port: u16) -> Bus {
+        Bus {
+            child: None,
+            port,
+            url: format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
     /// One command over a fresh connection; the raw reply.
     pub fn command(&self, args: &[&[u8]]) -> Option<Vec<u8>> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
