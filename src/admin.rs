@@ -49,6 +49,8 @@ pub enum AdminRequest {
     /// The authoritative index and session bindings, for a joining cluster peer
     /// (asked by the cluster subscriber, not the admin API).
     Snapshot(Sender<crate::cluster::Snapshot>),
+    /// A peer replica saw this backend slot fail (from the cluster subscriber).
+    PeerFault { backend: usize },
 }
 
 /// Serves the admin API on `listener` until `stop` fires or is dropped. `source` is

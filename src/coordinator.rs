@@ -12,6 +12,7 @@ mod changes;
 
 use crate::admin::AdminRequest;
 use crate::backends::LiveConfig;
+use crate::cluster::Share;
 use crate::config::{BackendConfig, Config};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
@@ -62,8 +63,9 @@ pub struct Coordinator {
     replica: Replica,
     /// Restart-only keys the last reload found changed (not in force).
     restart_pending: Vec<String>,
-    /// Cluster mode: this replica's routing ops, to the publisher thread.
-    cluster: Option<Sender<IndexOp>>,
+    /// Cluster mode: this replica's routing ops and health changes, to the
+    /// publisher thread.
+    cluster: Option<Sender<Share>>,
 }
 
 impl Coordinator {
@@ -97,7 +99,7 @@ impl Coordinator {
     }
 
     /// Shares this replica's routing ops with the cluster (the publisher thread).
-    pub fn with_cluster(mut self, ops: Sender<IndexOp>) -> Self {
+    pub fn with_cluster(mut self, ops: Sender<Share>) -> Self {
         self.cluster = Some(ops);
         self
     }
@@ -166,6 +168,44 @@ impl Coordinator {
         let now = self.shared.now_ms();
         if self.breakers[o.backend].on_outcome(o.ok, now, &self.breaker_config) {
             self.log_breaker(o.backend);
+            self.share_health(o.backend);
+            self.publish_fleet();
+        }
+    }
+
+    /// Hands something to the cluster publisher, if in a cluster. Never waits: a
+    /// full queue means the bus is not keeping up (counted as unsent).
+    fn share(&self, what: Share) {
+        if let Some(cluster) = &self.cluster {
+            if cluster.try_send(what).is_err() {
+                if let Some(status) = &self.shared.cluster {
+                    status.ops_unsent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Shares this replica's own view of a backend after its checks or requests
+    /// changed it.
+    fn share_health(&self, backend: usize) {
+        self.share(Share::Health {
+            backend,
+            healthy: self.healthy[backend],
+            breaker: self.breakers[backend].state(),
+        });
+    }
+
+    /// A peer replica saw `backend` fail (its breaker opened, or its health checks
+    /// failed): open this replica's breaker too, so the whole fleet skips it within
+    /// the bus's lag. It half-opens after `breaker.open_ms` and real requests
+    /// decide from there, so a peer that was wrong costs at most that.
+    fn on_peer_fault(&mut self, backend: usize) {
+        if !self.live.backends.is_live(backend) {
+            return;
+        }
+        if self.breakers[backend].trip(self.shared.now_ms()) {
+            let id = self.live.backends.id(backend);
+            tracing::warn!(backend = %id, "circuit breaker opened: a peer replica saw the backend fail");
             self.publish_fleet();
         }
     }
@@ -179,13 +219,8 @@ impl Coordinator {
 
     fn apply_and_fan_out(&mut self, event: IndexEvent) {
         self.replica.apply(&event.op);
-        if let (Origin::Shard(_), Some(cluster)) = (event.origin, &self.cluster) {
-            // Never waits: a full queue means the bus is not keeping up.
-            if cluster.try_send(event.op.clone()).is_err() {
-                if let Some(status) = &self.shared.cluster {
-                    status.ops_unsent.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        if let Origin::Shard(_) = event.origin {
+            self.share(Share::Index(event.op.clone()));
         }
         self.shared
             .index_blocks
@@ -207,7 +242,10 @@ impl Coordinator {
         }
         let mut changed = false;
         if let Some(ok) = r.ok {
-            changed |= self.on_check(i, ok);
+            if self.on_check(i, ok) {
+                self.share_health(i);
+                changed = true;
+            }
         }
         if let Some(load) = r.engine {
             if load != self.engine[i] {
@@ -285,6 +323,7 @@ impl Coordinator {
             AdminRequest::Reload { config, reply } => {
                 let _ = reply.send(self.on_reload(*config));
             }
+            AdminRequest::PeerFault { backend } => self.on_peer_fault(backend),
             AdminRequest::Snapshot(reply) => {
                 let _ = reply.send(crate::cluster::Snapshot {
                     now_ms: self.shared.now_ms(),

@@ -518,3 +518,49 @@ fn replicas_started_together_do_not_wait_on_each_other() {
         gw.shutdown();
     }
 }
+
+#[test]
+fn a_backend_failing_on_one_replica_is_skipped_by_the_others() {
+    let bus = Bus::start();
+    let mut failing = EngineConfig::instant("sim");
+    failing.fail_rate = 1.0;
+    let bad = start_engine("epoll", failing);
+    let good = start_engine("epoll", EngineConfig::instant("sim"));
+    let toml = cluster_toml(&bus, &channel("breaker"), "")
+        .replace("policy = \"prefix_aware\"", "policy = \"round_robin\"")
+        + "[breaker]\nfailure_threshold = 3\nopen_ms = 30000\n[health]\ninterval_ms = 60000\n";
+    let backends = [("bad", bad.url(), "sim"), ("good", good.url(), "sim")];
+    let a = start_gateway("epoll", 1, &toml, &backends);
+    let b = start_gateway("epoll", 1, &toml, &backends);
+    wait_peers(b.local_addr(), 1);
+    let breaker = |gw: &Gateway| {
+        metric(
+            &scrape(gw.local_addr()),
+            "radixgate_breaker_state{backend=\"bad\"}",
+        )
+    };
+    // A's requests meet the failing engine (and are retried on the good one)
+    // until A's breaker opens.
+    for q in 0..20 {
+        assert_eq!(ask(a.local_addr(), &doc_prompt(q, 0)).0, 200);
+    }
+    assert_eq!(breaker(&a), Some(2.0));
+    // B opens its breaker on A's word, before any of its requests went there.
+    assert!(
+        eventually(Duration::from_secs(5), || breaker(&b) == Some(2.0)),
+        "B's breaker for the failing backend never opened"
+    );
+    for q in 0..10 {
+        let (status, backend, _) = ask(b.local_addr(), &doc_prompt(q, 1));
+        assert_eq!((status, backend.as_str()), (200, "good"));
+    }
+    let m = scrape(b.local_addr());
+    assert_eq!(
+        metric(&m, "radixgate_retries_total{backend=\"bad\"}").unwrap_or(0.0),
+        0.0,
+        "{m}"
+    );
+    assert!(metric(&m, "radixgate_cluster_peer_faults_total").unwrap() >= 1.0);
+    a.shutdown();
+    b.shutdown();
+}

@@ -75,6 +75,18 @@ impl Breaker {
         self.state != before
     }
 
+    /// Opens the breaker on word from elsewhere (a peer replica saw the backend fail);
+    /// true on change. An open breaker stays as it is (its open time unchanged); a
+    /// half-open one opens again. It half-opens after `open_ms` as usual, so word
+    /// that was wrong costs at most that.
+    pub fn trip(&mut self, now_ms: u64) -> bool {
+        if self.state == BreakerState::Open {
+            return false;
+        }
+        self.open(now_ms);
+        true
+    }
+
     /// Moves an open breaker to half-open once `open_ms` has passed; true on change.
     pub fn tick(&mut self, now_ms: u64, config: &BreakerConfig) -> bool {
         if self.state == BreakerState::Open
@@ -101,6 +113,19 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trip_opens_and_half_opens_after_open_ms() {
+        let mut b = Breaker::default();
+        assert!(b.trip(10));
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(!b.trip(50), "an open breaker keeps its open time");
+        assert!(!b.tick(109, &CFG));
+        assert!(b.tick(110, &CFG));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(b.trip(120), "word from a peer re-opens a half-open breaker");
+        assert!(!b.on_outcome(false, 121, &CFG), "stragglers change nothing");
+    }
 
     const CFG: BreakerConfig = BreakerConfig {
         failure_threshold: 3,

@@ -99,6 +99,19 @@ pub fn config_fingerprint(config: &Config) -> u64 {
     fingerprint(config.routing.block_bytes.get(), &hashing, &[isolation])
 }
 
+/// What the coordinator hands the publisher to share.
+#[derive(Debug)]
+pub enum Share {
+    /// An index op of this replica's routing decisions.
+    Index(crate::replica::IndexOp),
+    /// This replica's own health check or breaker changed a backend's state.
+    Health {
+        backend: BackendIdx,
+        healthy: bool,
+        breaker: radixgate_orchestrator::BreakerState,
+    },
+}
+
 /// What both cluster threads start from.
 pub struct Start {
     pub config: ClusterConfig,
@@ -218,6 +231,8 @@ pub struct ClusterStatus {
     pub warm_ms: AtomicU64,
     /// Snapshots this replica stored for a joining peer.
     pub snapshots_served: AtomicU64,
+    /// Peers' reports of a failing backend (each opens this replica's breaker).
+    pub peer_faults: AtomicU64,
 }
 
 impl ClusterStatus {
@@ -247,6 +262,7 @@ impl ClusterStatus {
             snapshot_ops: AtomicU64::new(0),
             warm_ms: AtomicU64::new(0),
             snapshots_served: AtomicU64::new(0),
+            peer_faults: AtomicU64::new(0),
         }
     }
 
@@ -292,6 +308,7 @@ impl ClusterStatus {
                 "ops_applied": get(&self.ops_applied),
                 "ops_unknown_backend": get(&self.ops_unknown_backend),
                 "gaps": get(&self.gaps),
+                "peer_faults": get(&self.peer_faults),
                 "dropped": dropped,
                 "lag_p50_us": get(&self.lag_p50_us),
                 "lag_p99_us": get(&self.lag_p99_us),

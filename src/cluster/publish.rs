@@ -2,7 +2,8 @@
 //! the bus.
 //!
 //! The coordinator hands it every index op of this replica's routing decisions
-//! (bounded channel, `try_send`: the coordinator never waits on it). Ops are
+//! and every health or breaker change its own checks and requests made (bounded
+//! channel, `try_send`: the coordinator never waits on it). Ops are
 //! batched (at most `batch_ops` per message, at most `batch_ms` after a batch's
 //! first op) and each batch is one `PUBLISH` of a [`wire`](super::wire) message.
 //! Every `report_interval` it publishes the replica's in-flight requests and
@@ -16,12 +17,13 @@
 //! routing goes on from local state. The subscriber counts and logs the outage.
 
 use super::wire::{self, BackendKey, Header, Op};
-use super::{backend_key, ClusterStatus, RECONNECT_EVERY};
+use super::{backend_key, ClusterStatus, Share, RECONNECT_EVERY};
 use crate::backends::LiveConfig;
 use crate::config::ClusterConfig;
 use crate::replica::IndexOp;
 use crate::shard::Shared;
 use crossbeam_channel::{select, Receiver};
+use radixgate_orchestrator::BreakerState;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,6 +39,26 @@ pub fn backend_keys(live: &LiveConfig) -> Vec<Option<BackendKey>> {
         keys[slot] = Some(backend_key(&format!("http://{}", b.host)));
     }
     keys
+}
+
+/// The wire form of what the coordinator shares.
+fn share_to_wire(share: &Share, keys: &[Option<BackendKey>]) -> Option<Op> {
+    match share {
+        Share::Index(op) => to_wire(op, keys),
+        Share::Health {
+            backend,
+            healthy,
+            breaker,
+        } => Some(Op::Health {
+            backend: keys.get(*backend).copied().flatten()?,
+            healthy: *healthy,
+            breaker: match breaker {
+                BreakerState::Closed => wire::Breaker::Closed,
+                BreakerState::Open => wire::Breaker::Open,
+                BreakerState::HalfOpen => wire::Breaker::HalfOpen,
+            },
+        }),
+    }
 }
 
 /// The wire form of a routing op; `None` for ops a replica keeps to itself (engine
@@ -193,7 +215,7 @@ pub fn refuse(status: &ClusterStatus, config: &ClusterConfig) {
 pub fn run(
     start: super::Start,
     updates: Receiver<Arc<LiveConfig>>,
-    ops: Receiver<IndexOp>,
+    ops: Receiver<Share>,
     stop: Receiver<()>,
 ) {
     let super::Start {
@@ -260,12 +282,12 @@ pub fn run(
 
 /// Adds a routing op to the batch being built, noting when the batch began.
 fn queue(
-    op: &IndexOp,
+    op: &Share,
     keys: &[Option<BackendKey>],
     pending: &mut Vec<Op>,
     first_at: &mut Option<Instant>,
 ) {
-    if let Some(w) = to_wire(op, keys) {
+    if let Some(w) = share_to_wire(op, keys) {
         pending.push(w);
         first_at.get_or_insert_with(Instant::now);
     }

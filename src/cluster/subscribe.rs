@@ -321,9 +321,26 @@ impl Subscriber {
                 }
                 return;
             }
-            // Not shared yet: each replica checks health and keeps its own quotas.
+            // A peer saw the backend fail: this replica's breaker opens too. Good
+            // news is left to this replica's own probes and requests.
+            Op::Health {
+                backend,
+                healthy,
+                breaker,
+            } => {
+                if let Some(s) = slot(backend) {
+                    if !healthy || breaker == wire::Breaker::Open {
+                        self.status.peer_faults.fetch_add(1, Ordering::Relaxed);
+                        let _ = self
+                            .coordinator
+                            .send(AdminRequest::PeerFault { backend: s });
+                    }
+                }
+                return;
+            }
+            // Not shared yet: each replica keeps its own quotas.
             // A roll call inside a numbered batch is not one a joiner sends.
-            Op::Health { .. } | Op::Tenant { .. } | Op::SnapshotRequest { .. } => return,
+            Op::Tenant { .. } | Op::SnapshotRequest { .. } => return,
         };
         let Some(op) = index_op else {
             self.status
