@@ -225,7 +225,11 @@ impl LiveConfig {
         Arc::new(Self::new(
             config.clone(),
             BackendTable::new(&config.backends),
-            Arc::new(TenantTable::new(&config.tenants, 0)),
+            Arc::new(TenantTable::new(
+                &config.tenants,
+                0,
+                config.cluster.is_some(),
+            )),
         ))
     }
 }

@@ -381,6 +381,7 @@ fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gau
         ("radixgate_cluster_snapshots_loaded_total", "Peers' snapshots of the index this replica loaded (at start, and after each outage).", c.snapshots_loaded.load(Relaxed)),
         ("radixgate_cluster_snapshots_served_total", "Snapshots of the index this replica stored for a joining peer.", c.snapshots_served.load(Relaxed)),
         ("radixgate_cluster_peer_faults_total", "Peers' reports of a failing backend (unhealthy, or breaker open); each opens this replica's breaker.", c.peer_faults.load(Relaxed)),
+        ("radixgate_cluster_tenant_charges_total", "Peers' reports of a tenant's use charged to this replica's quota buckets.", c.tenant_charges.load(Relaxed)),
     ] {
         out.family(name, Kind::Counter, help).row(vec![], Value::Int(v));
     }

@@ -162,8 +162,13 @@ impl Tenant {
 }
 
 impl Tenant {
-    /// The tenant as configured, its buckets full.
-    fn new(c: &TenantConfig, now_ms: u64) -> Tenant {
+    /// The tenant as configured, its buckets full (counting this process's use when
+    /// `track_use`: cluster mode shares it with the peers).
+    fn new(c: &TenantConfig, now_ms: u64, track_use: bool) -> Tenant {
+        let bucket = |per_sec: f64| {
+            let b = Bucket::new(per_sec, now_ms);
+            Arc::new(if track_use { b.tracking_use() } else { b })
+        };
         Tenant {
             name: c.name.clone(),
             tier: c.tier.clone(),
@@ -172,19 +177,22 @@ impl Tenant {
             // one can compute another tenant's cache salt.
             seed: xxhash_rust::xxh3::xxh3_64(&c.key_digests.concat())
                 ^ xxhash_rust::xxh3::xxh3_64(c.name.as_bytes()),
-            requests: c.requests_per_sec.map(|r| Arc::new(Bucket::new(r, now_ms))),
-            tokens: c.tokens_per_sec.map(|r| Arc::new(Bucket::new(r, now_ms))),
+            requests: c.requests_per_sec.map(bucket),
+            tokens: c.tokens_per_sec.map(bucket),
             max_concurrency: c.max_concurrency,
             in_flight: Default::default(),
         }
     }
 
     /// This tenant's next version under `c` (same name): see [`TenantTable::reloaded`].
-    fn follow(&self, c: &TenantConfig, now_ms: u64) -> Tenant {
+    fn follow(&self, c: &TenantConfig, now_ms: u64, track_use: bool) -> Tenant {
         let bucket = |old: &Option<Arc<Bucket>>, limit: Option<f64>| match (old, limit) {
             (Some(b), Some(l)) if b.limit_per_sec == l => Some(b.clone()),
             (Some(b), Some(l)) => Some(Arc::new(b.rescaled(l, now_ms))),
-            (None, Some(l)) => Some(Arc::new(Bucket::new(l, now_ms))),
+            (None, Some(l)) => {
+                let b = Bucket::new(l, now_ms);
+                Some(Arc::new(if track_use { b.tracking_use() } else { b }))
+            }
             (_, None) => None,
         };
         Tenant {
@@ -208,12 +216,20 @@ pub struct TenantTable {
     slots: Vec<Arc<Tenant>>,
     live: Vec<bool>,
     keys: KeyTable,
+    /// The buckets count this process's use (cluster mode).
+    track_use: bool,
 }
 
 impl TenantTable {
-    /// The configured tenants, their buckets full.
-    pub fn new(tenants: &[TenantConfig], now_ms: u64) -> TenantTable {
-        TenantTable::default().reloaded(tenants, now_ms)
+    /// The configured tenants, their buckets full; `track_use` in cluster mode, so
+    /// the buckets count this process's use for its peers
+    /// ([`Bucket::tracking_use`]).
+    pub fn new(tenants: &[TenantConfig], now_ms: u64, track_use: bool) -> TenantTable {
+        TenantTable {
+            track_use,
+            ..TenantTable::default()
+        }
+        .reloaded(tenants, now_ms)
     }
 
     /// The table after a reload to `tenants`, matched to this one by name:
@@ -236,11 +252,11 @@ impl TenantTable {
         for c in tenants {
             let slot = match slots.iter().position(|t| t.name == c.name) {
                 Some(i) => {
-                    slots[i] = Arc::new(slots[i].follow(c, now_ms));
+                    slots[i] = Arc::new(slots[i].follow(c, now_ms, self.track_use));
                     i
                 }
                 None => {
-                    slots.push(Arc::new(Tenant::new(c, now_ms)));
+                    slots.push(Arc::new(Tenant::new(c, now_ms, self.track_use)));
                     live.push(false);
                     slots.len() - 1
                 }
@@ -250,7 +266,30 @@ impl TenantTable {
                 keys.insert(*d, slot);
             }
         }
-        TenantTable { slots, live, keys }
+        TenantTable {
+            slots,
+            live,
+            keys,
+            track_use: self.track_use,
+        }
+    }
+
+    /// The live tenant named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.slots
+            .iter()
+            .zip(&self.live)
+            .find(|(t, live)| **live && t.name == name)
+            .map(|(t, _)| t)
+    }
+
+    /// Every live tenant.
+    pub fn live(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.slots
+            .iter()
+            .zip(&self.live)
+            .filter(|(_, live)| **live)
+            .map(|(t, _)| t)
     }
 
     /// The tenant in `slot` (also a retired one, whose requests may still run).
@@ -396,6 +435,7 @@ mod tests {
                 tenant("b", "kb", Some(2.0), None),
             ],
             0,
+            false,
         );
         let a = t0.get(0).clone();
         for _ in 0..4 {

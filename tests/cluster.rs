@@ -564,3 +564,46 @@ fn a_backend_failing_on_one_replica_is_skipped_by_the_others() {
     a.shutdown();
     b.shutdown();
 }
+
+#[test]
+fn a_tenants_limit_holds_across_the_fleet() {
+    let bus = Bus::start();
+    let engines = engines(2);
+    let tenants = format!(
+        "[[tenants]]\nname = \"acme\"\nkeys = [\"{}\"]\nrequests_per_sec = 20.0\n",
+        radixgate::tenants::hash_key("sk-acme")
+    );
+    let toml = cluster_toml(&bus, &channel("quota"), "") + &tenants;
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(a.local_addr(), 1);
+    wait_peers(b.local_addr(), 1);
+    let burst = |addr: SocketAddr, n: usize| {
+        let mut c = Client::connect(addr);
+        (0..n)
+            .filter(|q| {
+                let r = c.post(
+                    "/v1/chat/completions",
+                    &doc_prompt(*q, 0),
+                    &[("Authorization", "Bearer sk-acme")],
+                );
+                assert!(matches!(r.status, 200 | 429), "{}", r.status);
+                r.status == 200
+            })
+            .count()
+    };
+    // A spends the tenant's burst (20 a second, up to 20 at once).
+    let on_a = burst(a.local_addr(), 40);
+    assert!((20..=26).contains(&on_a), "{on_a} admitted on A");
+    // Once A's report reaches B, B has only what refilled since: alone it would
+    // admit another 20.
+    assert!(eventually(Duration::from_secs(3), || metric(
+        &scrape(b.local_addr()),
+        "radixgate_cluster_tenant_charges_total"
+    )
+    .unwrap_or(0.0)
+        >= 1.0));
+    let on_b = burst(b.local_addr(), 40);
+    assert!(on_b <= 12, "{on_b} admitted on B after A spent the burst");
+    a.shutdown();
+    b.shutdown();
+}

@@ -233,6 +233,8 @@ pub struct ClusterStatus {
     pub snapshots_served: AtomicU64,
     /// Peers' reports of a failing backend (each opens this replica's breaker).
     pub peer_faults: AtomicU64,
+    /// Peers' tenant-use reports charged to this replica's buckets.
+    pub tenant_charges: AtomicU64,
 }
 
 impl ClusterStatus {
@@ -263,6 +265,7 @@ impl ClusterStatus {
             warm_ms: AtomicU64::new(0),
             snapshots_served: AtomicU64::new(0),
             peer_faults: AtomicU64::new(0),
+            tenant_charges: AtomicU64::new(0),
         }
     }
 
@@ -309,6 +312,7 @@ impl ClusterStatus {
                 "ops_unknown_backend": get(&self.ops_unknown_backend),
                 "gaps": get(&self.gaps),
                 "peer_faults": get(&self.peer_faults),
+                "tenant_charges": get(&self.tenant_charges),
                 "dropped": dropped,
                 "lag_p50_us": get(&self.lag_p50_us),
                 "lag_p99_us": get(&self.lag_p99_us),

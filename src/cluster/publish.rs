@@ -8,8 +8,8 @@
 //! first op) and each batch is one `PUBLISH` of a [`wire`](super::wire) message.
 //! Every `report_interval` it publishes the replica's in-flight requests and
 //! pending prefill per live backend (absolute values, so a lost report is mended
-//! by the next; also the replica's heartbeat) and renews the fleet's fingerprint
-//! key.
+//! by the next; also the replica's heartbeat), what each limited tenant used
+//! since the last report, and renews the fleet's fingerprint key.
 //!
 //! A publish that fails drops its batch (counted as unsent; the batch keeps its
 //! sequence number, so peers see the gap) and the thread reconnects every
@@ -116,6 +116,8 @@ struct Publisher {
     retry_at: Instant,
     seq: u64,
     buf: Vec<u8>,
+    /// Per tenant, its use (cumulative) at the last report.
+    tenants_sent: std::collections::HashMap<String, (u64, u64)>,
 }
 
 impl Publisher {
@@ -233,6 +235,7 @@ pub fn run(
         retry_at: Instant::now(),
         seq: 0,
         buf: Vec::with_capacity(4096),
+        tenants_sent: Default::default(),
     };
     let batch_ops = p.config.batch_ops;
     let batch_wait = p.config.batch;
@@ -313,10 +316,46 @@ fn report_load(
             })
         })
         .collect();
-    if loads.is_empty() {
+    let mut ops = loads;
+    ops.extend(tenant_use(p, live));
+    if ops.is_empty() {
         p.publish(&[]);
     }
-    for chunk in loads.chunks(batch_ops) {
+    for chunk in ops.chunks(batch_ops) {
         p.publish(chunk);
     }
+}
+
+/// What each limited tenant used on this replica since the last report (net of
+/// refunds; only tenants that used something): peers charge it to their own
+/// buckets, so the fleet together keeps each limit. A report lost in a bus outage
+/// is use the peers never charge (the limits loosen by that much while the bus is
+/// down); a repeated one is fenced off by its sequence number.
+fn tenant_use(p: &mut Publisher, live: &LiveConfig) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for t in live.tenants.live() {
+        if t.requests.is_none() && t.tokens.is_none() {
+            continue;
+        }
+        let used = (
+            t.requests.as_ref().map_or(0, |b| b.used()),
+            t.tokens.as_ref().map_or(0, |b| b.used()),
+        );
+        let before = p
+            .tenants_sent
+            .insert(t.name.clone(), used)
+            .unwrap_or((0, 0));
+        let delta = (
+            used.0.saturating_sub(before.0),
+            used.1.saturating_sub(before.1),
+        );
+        if delta != (0, 0) {
+            ops.push(Op::Tenant {
+                tenant: t.name.clone(),
+                requests: delta.0,
+                tokens: delta.1,
+            });
+        }
+    }
+    ops
 }

@@ -338,9 +338,26 @@ impl Subscriber {
                 }
                 return;
             }
-            // Not shared yet: each replica keeps its own quotas.
+            // A peer's use of a tenant's quota is charged here too (into debt if
+            // need be), so the fleet together keeps the tenant's limits.
+            Op::Tenant {
+                tenant,
+                requests,
+                tokens,
+            } => {
+                if let Some(t) = self.live.tenants.by_name(&tenant) {
+                    if let (Some(b), 1..) = (&t.requests, requests) {
+                        b.charge(requests, now_ms);
+                    }
+                    if let (Some(b), 1..) = (&t.tokens, tokens) {
+                        b.charge(tokens, now_ms);
+                    }
+                    self.status.tenant_charges.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
             // A roll call inside a numbered batch is not one a joiner sends.
-            Op::Tenant { .. } | Op::SnapshotRequest { .. } => return,
+            Op::SnapshotRequest { .. } => return,
         };
         let Some(op) = index_op else {
             self.status

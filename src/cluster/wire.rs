@@ -160,8 +160,9 @@ pub enum Op {
         healthy: bool,
         breaker: Breaker,
     },
-    /// The publisher's consumption by `tenant` in its current epoch (cumulative, so
-    /// a lost or repeated report is harmless: peers keep the latest per publisher).
+    /// What `tenant` used on the publisher since its previous report (requests and
+    /// tokens, net of refunds): peers charge it to their own buckets. A repeated
+    /// batch is fenced off by its sequence number; a lost one is use never charged.
     Tenant {
         tenant: String,
         requests: u64,
