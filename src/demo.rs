@@ -3,7 +3,9 @@
 //! the `image` and `audio` capabilities (the simulated engine takes any content
 //! part), so multimodal routing, RAG requests and `/v1/workflows` all work there.
 //! With `--disagg`, two prefill and two decode engines instead, and the gateway in
-//! split mode.
+//! split mode. With `--replicas N`, N gateway replicas in cluster mode in front of
+//! the same three engines, sharing routing state over a Redis bus that the demo
+//! starts with `deploy/cluster/bus` (or `--bus URL`, one already running).
 
 use crate::config::{Config, IoMode, Protocol, Role};
 use crate::engine_sim::{self, EngineConfig, EngineHandle, SimDisagg};
@@ -16,7 +18,93 @@ pub const DEMO_MODEL: &str = "sim";
 
 pub struct Demo {
     pub gateway: Gateway,
+    /// With `--replicas N`: the other N - 1 replicas (`gateway` is the first).
+    pub replicas: Vec<Gateway>,
     pub engines: Vec<EngineHandle>,
+    /// The bus the demo started (stopped with the demo).
+    pub bus: Option<Bus>,
+}
+
+impl Demo {
+    /// Stops the replicas, then the bus.
+    pub fn shutdown(self) {
+        self.gateway.shutdown();
+        for r in self.replicas {
+            r.shutdown();
+        }
+        drop(self.bus);
+    }
+}
+
+/// A bus started by `deploy/cluster/bus`, stopped (by its PID) when dropped.
+pub struct Bus {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `deploy/cluster/bus` (from this source tree) on a free loopback port; it
+/// installs Redis first when missing. The bus gets SIGTERM if the demo dies
+/// without stopping it.
+#[allow(clippy::disallowed_methods)] // start-up, before any shard
+pub fn start_bus() -> io::Result<Bus> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/cluster/bus");
+    if !std::path::Path::new(script).exists() {
+        return Err(io::Error::other(format!(
+            "{script} not found: start a Redis or Valkey and pass --bus redis://HOST:PORT"
+        )));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut cmd = std::process::Command::new(script);
+    cmd.arg(port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    // SAFETY: prctl(2) is async-signal-safe and touches only the child being
+    // started; it asks the kernel to send SIGTERM when this process ends.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let mut out = io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut url = String::new();
+    out.read_line(&mut url)?;
+    // Redis logs to stdout: keep draining it.
+    std::thread::spawn(move || io::copy(&mut out, &mut io::sink()));
+    let bus = Bus {
+        child,
+        url: url.trim().to_string(),
+    };
+    // Wait (bounded: the first run may install Redis) until it answers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::other("the bus never listened"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(bus)
+}
+
+/// `[cluster]` for replica `i` of the demo.
+fn cluster_section(bus_url: &str, i: usize) -> String {
+    format!(
+        "\n[cluster]\nurl = \"{bus_url}\"\nnode = \"demo-{i}\"\nchannel = \"radixgate-demo-{}\"\n",
+        std::process::id()
+    )
 }
 
 /// The demo's config: written as TOML so it goes through the same validation as a
@@ -89,7 +177,18 @@ pub fn start_disagg_engines(
     Ok((prefill, decode))
 }
 
-pub fn start(listen: SocketAddr, policy: &str, disagg: Option<Protocol>) -> io::Result<Demo> {
+/// What to start: the policy, split mode, and cluster replicas.
+pub struct DemoOptions {
+    pub policy: String,
+    pub disagg: Option<Protocol>,
+    /// Gateway replicas (1: no cluster).
+    pub replicas: usize,
+    /// The bus for replicas > 1; `None` starts one.
+    pub bus: Option<String>,
+}
+
+pub fn start(listen: SocketAddr, options: &DemoOptions) -> io::Result<Demo> {
+    let (policy, disagg) = (options.policy.as_str(), options.disagg);
     let driver = Driver::resolve(IoMode::Auto);
     if let Some(protocol) = disagg {
         let (prefill, decode) = start_disagg_engines(protocol, driver, |_| {})?;
@@ -102,7 +201,12 @@ pub fn start(listen: SocketAddr, policy: &str, disagg: Option<Protocol>) -> io::
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let gateway = Gateway::start(config)?;
         let engines = prefill.into_iter().chain(decode).collect();
-        return Ok(Demo { gateway, engines });
+        return Ok(Demo {
+            gateway,
+            replicas: Vec::new(),
+            engines,
+            bus: None,
+        });
     }
     let mut engines = Vec::new();
     for i in 0..3 {
@@ -115,8 +219,43 @@ pub fn start(listen: SocketAddr, policy: &str, disagg: Option<Protocol>) -> io::
         )?);
     }
     let addrs: Vec<SocketAddr> = engines.iter().map(|e| e.addr()).collect();
-    let config = Config::from_toml(&demo_config(listen, &addrs, policy))
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let gateway = Gateway::start(config)?;
-    Ok(Demo { gateway, engines })
+    let parse = |toml: String| {
+        Config::from_toml(&toml)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+    };
+    if options.replicas <= 1 {
+        let gateway = Gateway::start(parse(demo_config(listen, &addrs, policy))?)?;
+        return Ok(Demo {
+            gateway,
+            replicas: Vec::new(),
+            engines,
+            bus: None,
+        });
+    }
+    let bus = match &options.bus {
+        Some(_) => None,
+        None => Some(start_bus()?),
+    };
+    let bus_url = options
+        .bus
+        .clone()
+        .or_else(|| bus.as_ref().map(|b| b.url.clone()))
+        .unwrap_or_default();
+    // Replica i listens on the given port + i (all on ephemeral ports for port 0).
+    let mut gateways = Vec::with_capacity(options.replicas);
+    for i in 0..options.replicas {
+        let mut at = listen;
+        if listen.port() != 0 {
+            at.set_port(listen.port() + i as u16);
+        }
+        let toml = demo_config(at, &addrs, policy) + &cluster_section(&bus_url, i);
+        gateways.push(Gateway::start(parse(toml)?)?);
+    }
+    let gateway = gateways.remove(0);
+    Ok(Demo {
+        gateway,
+        replicas: gateways,
+        engines,
+        bus,
+    })
 }

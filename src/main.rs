@@ -43,6 +43,13 @@ enum Command {
         /// the given hand-off protocol (vllm or sglang).
         #[arg(long, value_name = "PROTOCOL", num_args = 0..=1, default_missing_value = "vllm")]
         disagg: Option<String>,
+        /// N gateway replicas in cluster mode (on --listen's port and the next ones),
+        /// sharing routing state over a Redis bus the demo starts.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+        replicas: u16,
+        /// With --replicas: use this bus (redis://HOST:PORT) instead of starting one.
+        #[arg(long)]
+        bus: Option<String>,
     },
     /// Run one simulated vLLM-compatible engine.
     EngineSim(EngineArgs),
@@ -234,6 +241,8 @@ fn main() -> ExitCode {
             listen,
             policy,
             disagg,
+            replicas,
+            bus,
         } => {
             init_logging("info", false);
             let protocol = match disagg.as_deref().map(parse_protocol) {
@@ -244,7 +253,17 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let demo = match radixgate::demo::start(listen, &policy, protocol) {
+            if replicas > 1 && protocol.is_some() {
+                eprintln!("--replicas: not with --disagg (one split gateway at a time)");
+                return ExitCode::FAILURE;
+            }
+            let options = radixgate::demo::DemoOptions {
+                policy,
+                disagg: protocol,
+                replicas: replicas.into(),
+                bus,
+            };
+            let demo = match radixgate::demo::start(listen, &options) {
                 Ok(d) => d,
                 Err(e) => {
                     eprintln!("radixgate demo: could not start: {e}");
@@ -253,6 +272,13 @@ fn main() -> ExitCode {
             };
             let addr = demo.gateway.local_addr();
             match protocol {
+                None if !demo.replicas.is_empty() => {
+                    println!("radixgate demo: {} gateway replicas in cluster mode in front of 3 simulated engines (model \"sim\"), bus {}", demo.replicas.len() + 1, options.bus.clone().or_else(|| demo.bus.as_ref().map(|b| b.url.clone())).unwrap_or_default());
+                    println!("  replica http://{addr}");
+                    for r in &demo.replicas {
+                        println!("  replica http://{}", r.local_addr());
+                    }
+                }
                 None => println!("radixgate demo: gateway on http://{addr} in front of 3 simulated engines (model \"sim\")"),
                 Some(p) => println!("radixgate demo: gateway on http://{addr} in front of 2 prefill + 2 decode simulated engines ({} protocol, model \"sim\")", p.as_str()),
             }
@@ -260,9 +286,12 @@ fn main() -> ExitCode {
                 println!("  engine {}", e.url());
             }
             println!("Try:\n  curl -s http://{addr}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"sim\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'");
+            if let Some(other) = demo.replicas.first() {
+                println!("Send a long prompt to one replica, then a follow-up to another: X-Router-Reason says longest-prefix there too. Cluster view: curl http://{}/metrics | grep radixgate_cluster", other.local_addr());
+            }
             println!("Streaming: add \"stream\":true. Metrics: curl http://{addr}/metrics. Ctrl-C stops.");
             wait_for_signals(None);
-            demo.gateway.shutdown();
+            demo.shutdown();
             ExitCode::SUCCESS
         }
         Command::EngineSim(a) => {

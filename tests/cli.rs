@@ -550,3 +550,87 @@ fn departed_clients_are_logged_499_client_closed() {
         );
     }
 }
+
+/// `radixgate demo --replicas 2`: two replicas in cluster mode behind one bus the
+/// demo starts; a document sent to one is routed home by the other. Stopped with
+/// SIGINT, the demo stops its bus too.
+#[test]
+fn demo_replicas_share_routing() {
+    let mut child = Command::new(BIN)
+        .args(["demo", "--listen", "127.0.0.1:0", "--replicas", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    while lines.len() < 3 {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        lines.push(line);
+    }
+    let bus_port: u16 = lines[0]
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no bus in {:?}", lines[0]));
+    let replicas: Vec<std::net::SocketAddr> = lines[1..]
+        .iter()
+        .map(|l| {
+            l.trim()
+                .trim_start_matches("replica http://")
+                .parse()
+                .unwrap_or_else(|_| panic!("no replica in {l:?}"))
+        })
+        .collect();
+    let doc: String = (0..100)
+        .map(|i| format!("Section {i} of the handbook. "))
+        .collect();
+    let ask = |addr, q: &str| {
+        common::Client::connect(addr).post(
+            "/v1/chat/completions",
+            &common::chat_body(&format!("{doc}{q}"), false),
+            &[],
+        )
+    };
+    // Both replicas subscribed and warm (so what follows travels on the bus).
+    for r in &replicas {
+        assert!(common::eventually(
+            std::time::Duration::from_secs(10),
+            || common::Client::connect(*r).get("/ready").status == 200
+        ));
+    }
+    let first = ask(replicas[0], "First question?");
+    assert_eq!(first.status, 200);
+    let home = first.header("x-router-backend").unwrap().to_string();
+    // Once the second replica has applied the first one's routing ops, it routes
+    // the document home.
+    let applied = common::eventually(std::time::Duration::from_secs(5), || {
+        let m = common::Client::connect(replicas[1]).get("/metrics").text();
+        common::metric(&m, "radixgate_cluster_ops_applied_total").unwrap_or(0.0) >= 1.0
+    });
+    let second = ask(replicas[1], "Another question?");
+    let shared = applied
+        && second.header("x-router-reason") == Some("longest-prefix")
+        && second.header("x-router-backend") == Some(home.as_str());
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        shared,
+        "the second replica never routed the document home: applied {applied}, {:?} {:?} (home {home})",
+        second.header("x-router-reason"),
+        second.header("x-router-backend")
+    );
+    assert!(status.success());
+    assert!(
+        common::eventually(std::time::Duration::from_secs(5), || {
+            std::net::TcpStream::connect(("127.0.0.1", bus_port)).is_err()
+        }),
+        "the demo's bus outlived it"
+    );
+}

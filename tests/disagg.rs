@@ -520,8 +520,12 @@ fn demo_disagg_both_protocols() {
     for protocol in [Protocol::Vllm, Protocol::Sglang] {
         let demo = radixgate::demo::start(
             "127.0.0.1:0".parse().unwrap(),
-            "prefix_aware",
-            Some(protocol),
+            &radixgate::demo::DemoOptions {
+                policy: "prefix_aware".into(),
+                disagg: Some(protocol),
+                replicas: 1,
+                bus: None,
+            },
         )
         .expect("demo starts");
         assert_eq!(demo.engines.len(), 4);
@@ -531,7 +535,7 @@ fn demo_disagg_both_protocols() {
             assert_eq!(r.status, 200, "{}", r.text());
             assert_eq!(r.header("x-router-reason"), Some("disagg-split"));
         }
-        demo.gateway.shutdown();
+        demo.shutdown();
     }
 }
 
