@@ -144,6 +144,12 @@ fn compose_file_has_the_gateway_split_pools_and_monitoring() {
             .unwrap();
         assert!(config.contains(&format!("http://{ip}:8000")), "{svc} {ip}");
     }
+    // Two replicas in cluster mode, joined over the compose project's bus.
+    assert!(names.contains(&"radixgate-1") && names.contains(&"valkey"));
+    let bus = compose["services"]["valkey"]["networks"]["fleet"]["ipv4_address"]
+        .as_str()
+        .unwrap();
+    assert!(config.contains(&format!("url = \"redis://{bus}:6379\"")), "{bus}");
 }
 
 #[test]
@@ -156,6 +162,7 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         "engines.yaml",
         "pdb.yaml",
         "hpa.yaml",
+        "bus.yaml",
     ] {
         for doc in yaml_docs(&format!("k8s/{file}")) {
             let kind = doc["kind"]
@@ -178,6 +185,7 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         "Service",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
+        "StatefulSet",
     ] {
         assert!(kinds.iter().any(|k| k == want), "no {want}: {kinds:?}");
     }
