@@ -607,3 +607,115 @@ fn a_tenants_limit_holds_across_the_fleet() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A `radixgate serve` process, killed (SIGKILL) when dropped.
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `radixgate serve` on a free port with `toml` (a cluster replica).
+fn serve(name: &str, toml: &str) -> (Process, SocketAddr) {
+    let port = common::bus::free_port();
+    let toml = toml.replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    let file = common::temp_file(&format!("cluster-{name}-{port}.toml"), &toml);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("radixgate serve starts");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let process = Process(child);
+    assert!(
+        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(
+            addr
+        )
+        .is_ok()),
+        "replica {name} never listened"
+    );
+    (process, addr)
+}
+
+#[test]
+fn a_replica_killed_outright_loses_the_others_nothing() {
+    let bus = Bus::start();
+    // The slow engine alone serves model `slowsim`: A's requests stay in flight.
+    let slow = start_engine(
+        "epoll",
+        EngineConfig {
+            decode_per_token: Duration::from_millis(500),
+            ..EngineConfig::instant("slowsim")
+        },
+    );
+    let fast = engines(2);
+    let toml = common::gateway_toml(
+        "epoll",
+        1,
+        &cluster_toml(&bus, &channel("sigkill"), ""),
+        &[
+            ("slow", slow.url(), "slowsim"),
+            ("e1", fast[0].url(), "sim"),
+            ("e2", fast[1].url(), "sim"),
+        ],
+    );
+    let (mut doomed, a) = serve("a", &toml);
+    let (_survivor, b) = serve("b", &toml);
+    wait_peers(b, 1);
+    // A holds requests in flight when it is killed.
+    let inflight: Vec<_> = (0..3)
+        .map(|q| {
+            std::thread::spawn(move || {
+                let body = chat_body(&format!("question {q}"), false)
+                    .replace("\"model\":\"sim\"", "\"model\":\"slowsim\"");
+                Client::connect(a)
+                    .post("/v1/chat/completions", &body, &[])
+                    .status
+            })
+        })
+        .collect();
+    let peer_load = || {
+        let m = scrape(b);
+        ["slow", "e1", "e2"]
+            .iter()
+            .map(|id| {
+                metric(
+                    &m,
+                    &format!("radixgate_cluster_peer_in_flight{{backend=\"{id}\"}}"),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum::<f64>()
+    };
+    assert!(
+        eventually(Duration::from_secs(2), || metric(
+            &scrape(b),
+            "radixgate_cluster_peer_in_flight{backend=\"slow\"}"
+        ) == Some(3.0)),
+        "B never saw A's requests in flight"
+    );
+    let _ = doomed.0.kill();
+    let _ = doomed.0.wait();
+    for t in inflight {
+        let _ = t.join();
+    }
+    // B serves on without an error, and A's counts expire with A.
+    for q in 0..20 {
+        assert_eq!(ask(b, &doc_prompt(q, 0)).0, 200);
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || {
+            metric(&scrape(b), "radixgate_cluster_peers ") == Some(0.0) && peer_load() == 0.0
+        }),
+        "a killed replica's load outlived it:\n{}",
+        scrape(b)
+    );
+}

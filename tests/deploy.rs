@@ -149,7 +149,10 @@ fn compose_file_has_the_gateway_split_pools_and_monitoring() {
     let bus = compose["services"]["valkey"]["networks"]["fleet"]["ipv4_address"]
         .as_str()
         .unwrap();
-    assert!(config.contains(&format!("url = \"redis://{bus}:6379\"")), "{bus}");
+    assert!(
+        config.contains(&format!("url = \"redis://{bus}:6379\"")),
+        "{bus}"
+    );
 }
 
 #[test]
