@@ -719,3 +719,190 @@ fn a_replica_killed_outright_loses_the_others_nothing() {
         scrape(b)
     );
 }
+
+/// One request on a fresh connection (`Connection: close`): the status and body,
+/// or the I/O error, with whether any response byte had arrived.
+fn try_post(addr: SocketAddr, body: &str) -> Result<(u16, String), (std::io::Error, bool)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| (e, false))?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).map_err(|e| (e, false))?;
+    let mut out = Vec::new();
+    if let Err(e) = s.read_to_end(&mut out) {
+        let got_some = !out.is_empty();
+        return Err((e, got_some));
+    }
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| (std::io::Error::other("no status line"), !out.is_empty()))?;
+    Ok((status, text))
+}
+
+/// What the fleet's engines reported cached, over what they were asked.
+#[derive(Default)]
+struct Tally {
+    prompt: u64,
+    cached: u64,
+    errors: Vec<String>,
+    redispatched: u64,
+}
+
+impl Tally {
+    fn hit_rate(&self) -> f64 {
+        self.cached as f64 / self.prompt.max(1) as f64
+    }
+}
+
+/// An L4 balancer as the client sees one: a random replica per request; a
+/// connection refused, or closed before any response byte (the replica was
+/// stopping), goes to the next one, as HAProxy's redispatch does.
+fn balanced(replicas: &[SocketAddr], body: &str, tally: &std::sync::Mutex<Tally>) {
+    let start = fastrand::usize(..replicas.len());
+    for k in 0..replicas.len() * 2 {
+        let addr = replicas[(start + k) % replicas.len()];
+        match try_post(addr, body) {
+            Ok((200, text)) => {
+                let json_at = text.find("\r\n\r\n").map_or(0, |i| i + 4);
+                let v: serde_json::Value =
+                    serde_json::from_str(&text[json_at..]).unwrap_or_default();
+                let mut t = tally.lock().unwrap();
+                t.prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+                t.cached += v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                if k > 0 {
+                    t.redispatched += 1;
+                }
+                return;
+            }
+            Ok((status, text)) => {
+                tally
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .push(format!("{status}: {text}"));
+                return;
+            }
+            Err((_, true)) => {
+                tally.lock().unwrap().errors.push("cut mid-response".into());
+                return;
+            }
+            Err((_, false)) => continue,
+        }
+    }
+    tally
+        .lock()
+        .unwrap()
+        .errors
+        .push("no replica answered".into());
+}
+
+#[test]
+fn a_rolling_restart_under_load_costs_no_request_and_keeps_the_hit_rate() {
+    let bus = Bus::start();
+    let fleet = engines(3);
+    let backends: Vec<(String, String)> = fleet
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (format!("e{i}"), e.url()))
+        .collect();
+    let refs: Vec<_> = backends
+        .iter()
+        .map(|(id, url)| (id.as_str(), url.clone(), "sim"))
+        .collect();
+    let toml = common::gateway_toml(
+        "epoll",
+        1,
+        &format!(
+            "shutdown_timeout_ms = 5000\n{}",
+            cluster_toml(&bus, &channel("rolling"), "")
+        ),
+        &refs,
+    );
+    let mut replicas: Vec<(Process, SocketAddr)> =
+        (0..3).map(|i| serve(&format!("r{i}"), &toml)).collect();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|(_, a)| *a).collect();
+    for a in &addrs {
+        assert!(eventually(Duration::from_secs(10), || ready(*a) == 200));
+    }
+    let work = |tally: &std::sync::Mutex<Tally>, n: usize, stop: &std::sync::atomic::AtomicBool| {
+        for i in 0.. {
+            if (n > 0 && i >= n) || (n == 0 && stop.load(Ordering::Relaxed)) {
+                break;
+            }
+            balanced(&addrs, &doc_prompt(i % 12, i / 12), tally);
+        }
+    };
+    let never = std::sync::atomic::AtomicBool::new(false);
+    // Steady state first: every document placed once, then asked about again.
+    let steady = std::sync::Mutex::new(Tally::default());
+    work(&steady, 12, &never);
+    let steady = std::sync::Mutex::new(Tally::default());
+    work(&steady, 96, &never);
+    let steady = steady.into_inner().unwrap();
+    assert!(steady.errors.is_empty(), "{:?}", steady.errors);
+    // Then every replica in turn: SIGTERM (drain), exit, start again, ready.
+    let during = std::sync::Mutex::new(Tally::default());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let load: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| work(&during, 0, &done)))
+            .collect();
+        for (i, replica) in replicas.iter_mut().enumerate() {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe {
+                libc::kill(replica.0 .0.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let status = replica.0 .0.wait().unwrap();
+            assert!(
+                status.success(),
+                "replica {i} did not drain cleanly: {status}"
+            );
+            let port = replica.1.port();
+            let toml = toml.replace(
+                "listen = \"127.0.0.1:0\"",
+                &format!("listen = \"127.0.0.1:{port}\""),
+            );
+            let file = common::temp_file(&format!("cluster-rolling-{i}-again.toml"), &toml);
+            let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
+                .args(["serve", "--config"])
+                .arg(&file)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("radixgate serve starts");
+            replica.0 = Process(child);
+            assert!(
+                eventually(Duration::from_secs(10), || std::net::TcpStream::connect(
+                    replica.1
+                )
+                .is_ok()
+                    && ready(replica.1) == 200),
+                "replica {i} did not come back"
+            );
+            common::pause(Duration::from_millis(300));
+        }
+        done.store(true, Ordering::Relaxed);
+        for l in load {
+            l.join().unwrap();
+        }
+    });
+    let during = during.into_inner().unwrap();
+    assert!(during.errors.is_empty(), "{:?}", during.errors);
+    assert!(during.prompt > 0);
+    let (h0, h1) = (steady.hit_rate(), during.hit_rate());
+    eprintln!(
+        "rolling restart: hit rate {h1:.3} against {h0:.3} steady ({} requests redispatched)",
+        during.redispatched
+    );
+    assert!(
+        h1 >= 0.9 * h0,
+        "hit rate {h1:.3} during the restarts, {h0:.3} before"
+    );
+}
