@@ -510,7 +510,8 @@ fn feed_prompt(prompt: Option<Json>, hasher: &mut PromptHasher) -> Result<(), Ga
 
 /// The previous, sonic-rs based parser: the reference the tests and the `json_body`
 /// fuzz target (also replayed in `tests/fuzz_corpus.rs`) hold [`BodyParser`] to.
-/// Not used by the gateway.
+/// Not in the product: built for tests and with the `dom-reference` feature only.
+#[cfg(any(test, feature = "dom-reference"))]
 #[doc(hidden)]
 pub mod dom_reference;
 
