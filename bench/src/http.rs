@@ -372,9 +372,10 @@ impl Client {
                 let mut decoder = ChunkedDecoder::default();
                 loop {
                     let before = self.body.len();
+                    let body = &mut self.body;
                     let used = decoder
-                        .feed(self.recv.avail(), &mut self.body)
-                        .map_err(fail)?;
+                        .feed(self.recv.avail(), |d| body.extend_from_slice(d))
+                        .map_err(|e| fail(HttpError::Protocol(format!("chunked body: {e}"))))?;
                     self.recv.consume(used);
                     if self.body.len() > before {
                         first_byte.get_or_insert_with(Instant::now);

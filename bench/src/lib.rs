@@ -12,6 +12,10 @@
 
 pub mod bus;
 pub mod chat;
+/// The gateway's chunked-transfer decoder, compiled here from its one source file
+/// (`src/http/chunked.rs`, std only): one decoder for both, so the bench reads a
+/// response's framing exactly as the gateway does.
+#[path = "../../src/http/chunked.rs"]
 pub mod chunked;
 /// The gateway's cluster wire format, compiled here from its one source file in the
 /// gateway crate (`src/cluster/wire.rs`, std only) so that `radixgate-bench wire`
