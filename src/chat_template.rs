@@ -8,7 +8,7 @@
 //! rendering with minijinja (plus the Python string methods real templates call), from
 //! a `.jinja` file or the `chat_template` of a `tokenizer_config.json`, loaded once at
 //! config load. Rendering and tokenizing happen on the shard, off the fast bytes path;
-//! see README "Precise mode" for the cost.
+//! see docs/real-vllm.md, "Precise mode", for the cost.
 
 use minijinja::{Environment, Value};
 use std::path::Path;

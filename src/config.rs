@@ -262,7 +262,7 @@ struct RoutingWire {
     /// "bytes" (default, the fast path): blocks of `block_bytes` canonical prompt
     /// bytes. "tokens": tokenize the canonical prompt with `tokenizer` and hash blocks
     /// of `block_tokens` token ids; costs about 0.8 ms of shard CPU per 2 KB of prompt
-    /// text the shard has not tokenized before (README, "Token mode").
+    /// text the shard has not tokenized before (docs/routing.md, "Token mode").
     hashing: String,
     /// Path of a Hugging Face `tokenizer.json` (relative to the working directory);
     /// required in tokens mode, loaded and checked at config load, unused otherwise.
@@ -294,7 +294,7 @@ struct RoutingWire {
     /// Knobs of the `prefix_aware` policy.
     prefix_aware: PrefixAwareWire,
     /// Name of the structured RAG member of a chat body (`{"system", "chunks",
-    /// "query"}`), normalised into messages before routing (README, "RAG requests").
+    /// "query"}`), normalised into messages before routing (docs/routing.md, "RAG requests").
     rag_field: String,
     /// Chunk affinity (RAG requests under `prefix_aware`): one of the request's chunks
     /// already sent to a backend is worth this many requests in flight there.

@@ -27,7 +27,7 @@
 //! (`Arc`; `Tokenizer` is `Send + Sync`), but encoding runs on the shard, inline:
 //! tokenizers 0.22 needs about 0.8 ms per 2 KB of new prompt text (measured in
 //! `benches/parse.rs` with Qwen3's tokenizer), some 45× the CPU of proxying the
-//! request (see README, "Token mode"); items found in the cache cost a hash and a
+//! request (see docs/routing.md, "Token mode"); items found in the cache cost a hash and a
 //! copy. Use it where engine-sized block accounting is worth that;
 //! bytes mode stays the fast path.
 

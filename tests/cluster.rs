@@ -144,7 +144,7 @@ fn a_prefix_routed_by_one_replica_is_found_by_the_other() {
     let m = scrape(b.local_addr());
     assert!(metric(&m, "radixgate_cluster_ops_applied_total").unwrap() > 0.0);
     assert_eq!(metric(&m, "radixgate_cluster_connected "), Some(1.0));
-    // Every cluster family is in README's metrics table.
+    // Every cluster family is in the metrics table (docs/operations.md).
     let documented = common::documented_metrics();
     for line in m
         .lines()
@@ -153,7 +153,7 @@ fn a_prefix_routed_by_one_replica_is_found_by_the_other() {
         let name = line.split(' ').nth(2).unwrap();
         assert!(
             documented.iter().any(|d| d == name),
-            "{name} is not in README's metrics table"
+            "{name} is not in the metrics table (docs/operations.md)"
         );
     }
     a.shutdown();

@@ -1,5 +1,5 @@
 //! The deployment files in `deploy/` as CI sees them: the Grafana dashboard is JSON
-//! whose queries name only metrics the README documents, the Prometheus, Compose,
+//! whose queries name only metrics docs/operations.md documents, the Prometheus, Compose,
 //! Grafana provisioning and Kubernetes files are YAML of the expected kinds, and
 //! every radixgate config among them (the annotated example, the Compose config,
 //! the ConfigMap's) passes `radixgate check-config`.
@@ -51,7 +51,7 @@ fn dashboard_is_json_and_queries_documented_metrics() {
     assert_eq!(dash["uid"], "radixgate");
     let panels = dash["panels"].as_array().expect("panels");
     let documented = documented_metrics();
-    assert!(documented.len() > 20, "README table: {documented:?}");
+    assert!(documented.len() > 20, "the metrics table: {documented:?}");
     let mut titles = Vec::new();
     for p in panels {
         titles.push(p["title"].as_str().unwrap().to_string());
@@ -69,7 +69,7 @@ fn dashboard_is_json_and_queries_documented_metrics() {
                     .unwrap_or(name);
                 assert!(
                     documented.iter().any(|d| d == base),
-                    "panel `{}` queries `{base}`, not in README's metrics table",
+                    "panel `{}` queries `{base}`, not in the metrics table (docs/operations.md)",
                     p["title"]
                 );
             }

@@ -112,12 +112,12 @@ fn exposition_is_well_formed(io: &str) {
         ),
         Some(3.0)
     );
-    // Every family exposed is in README's metrics table.
+    // Every family exposed is in the metrics table (docs/operations.md).
     let documented = documented_metrics();
     for name in types.keys() {
         assert!(
             documented.contains(name),
-            "{name} is not in README's metrics table"
+            "{name} is not in the metrics table (docs/operations.md)"
         );
     }
     // No trace export configured: no span counters.

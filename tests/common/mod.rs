@@ -416,11 +416,12 @@ pub fn wait_replicated(addr: SocketAddr) {
     assert!(caught_up, "replicas did not catch up");
 }
 
-/// Metric names documented in README.md's metrics table (a row's first cell may list
+/// Metric names documented in docs/operations.md's metrics table (a row's first cell may list
 /// several: `a`, `b`, `c`).
 pub fn documented_metrics() -> Vec<String> {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+            .unwrap();
     readme
         .lines()
         .filter(|l| l.starts_with("| `radixgate_"))

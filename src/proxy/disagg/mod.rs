@@ -451,7 +451,7 @@ async fn prefill_leg(
         backend,
         started,
         first_byte: None,
-        // Split requests are not counted in the pending prefill (yet): see README.
+        // Split requests are not counted in the pending prefill yet.
         pending_prefill: None,
         usage: UsageScanner::default(),
         status: 0,
