@@ -6,6 +6,8 @@
 #                                   (defaults: radixgate 5000 2048 prefix_aware)
 #   BIN=/tmp/radixgate-before TAG=before perf/callgrind.sh radixgate 2000
 #                                   (a given binary, not this checkout; TAG names the dump)
+#   EXTRA_TOML=$'[cluster]\nurl = "redis://127.0.0.1:6379"' TAG=cluster perf/callgrind.sh
+#                                   (radixgate only: appended to the gateway's config)
 #
 # Starts one `radixgate engine-sim --fixed-response` natively and the proxy under
 # callgrind (radixgate: 1 shard, epoll driver, as valgrind does not model io_uring;
@@ -61,6 +63,7 @@ id = "e0"
 url = "http://127.0.0.1:$EPORT"
 models = ["sim"]
 TOML
+  [ -z "${EXTRA_TOML:-}" ] || printf '%s\n' "$EXTRA_TOML" >>"$WORK/gw.toml"
   valgrind --tool=callgrind --callgrind-out-file="$OUT" "$BIN" serve --config "$WORK/gw.toml" \
     >"$WORK/proxy.log" 2>&1 &
   ;;

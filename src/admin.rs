@@ -51,6 +51,12 @@ pub enum AdminRequest {
     Snapshot(Sender<crate::cluster::Snapshot>),
     /// A peer replica saw this backend slot fail (from the cluster subscriber).
     PeerFault { backend: usize },
+    /// A peer's snapshot, as index ops: applied (and fanned out to every shard)
+    /// before the reply, so a replica is ready only once its index holds it.
+    LoadPeerOps {
+        ops: Vec<crate::replica::IndexOp>,
+        reply: Sender<()>,
+    },
 }
 
 /// Serves the admin API on `listener` until `stop` fires or is dropped. `source` is

@@ -324,6 +324,17 @@ impl Coordinator {
                 let _ = reply.send(self.on_reload(*config));
             }
             AdminRequest::PeerFault { backend } => self.on_peer_fault(backend),
+            AdminRequest::LoadPeerOps { ops, reply } => {
+                let created = std::time::Instant::now();
+                for op in ops {
+                    self.apply_and_fan_out(IndexEvent {
+                        origin: Origin::Peer,
+                        created,
+                        op,
+                    });
+                }
+                let _ = reply.send(());
+            }
             AdminRequest::Snapshot(reply) => {
                 let _ = reply.send(crate::cluster::Snapshot {
                     now_ms: self.shared.now_ms(),

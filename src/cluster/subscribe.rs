@@ -228,6 +228,13 @@ impl Subscriber {
 
     fn on_message(&mut self, bytes: &[u8]) {
         self.status.batches_received.fetch_add(1, Ordering::Relaxed);
+        // The bus hands every subscriber its own messages too: drop those on the
+        // header alone.
+        if let Ok(h) = wire::decode_header(bytes, self.status.fingerprint) {
+            if h.node == self.status.node_id && h.epoch == self.status.epoch {
+                return;
+            }
+        }
         let batch = match wire::decode(bytes, self.status.fingerprint) {
             Ok(b) => b,
             Err(e) => {
@@ -240,9 +247,6 @@ impl Subscriber {
             }
         };
         let h = batch.header;
-        if h.node == self.status.node_id && h.epoch == self.status.epoch {
-            return; // our own
-        }
         // A joiner's roll call is outside its numbered stream: never fenced.
         if let [Op::SnapshotRequest { nonce }] = batch.ops.as_slice() {
             return self.serve_snapshot(*nonce, &h);
@@ -503,25 +507,24 @@ impl Subscriber {
                 return self.warmed(since, "");
             }
         };
-        let now = Instant::now();
         let now_ms = self.shared.now_ms();
-        let (mut ops, mut blocks) = (0u64, 0u64);
+        let mut blocks = 0u64;
+        let mut load = Vec::with_capacity(batch.ops.len());
         for op in batch.ops {
             // Snapshot times are ages: this replica's clock is not the peer's.
-            let op = match op {
+            match op {
                 Op::Insert {
                     backend,
                     blocks: chain,
                     now_ms: age,
                 } => {
-                    let Some(&slot) = self.slots.get(&backend) else {
-                        continue;
-                    };
-                    blocks += chain.len() as u64;
-                    IndexOp::Insert {
-                        backend: slot,
-                        blocks: chain,
-                        now_ms: now_ms.saturating_sub(age),
+                    if let Some(&slot) = self.slots.get(&backend) {
+                        blocks += chain.len() as u64;
+                        load.push(IndexOp::Insert {
+                            backend: slot,
+                            blocks: chain,
+                            now_ms: now_ms.saturating_sub(age),
+                        });
                     }
                 }
                 Op::BindSession {
@@ -529,23 +532,30 @@ impl Subscriber {
                     backend,
                     now_ms: age,
                 } => {
-                    let Some(&slot) = self.slots.get(&backend) else {
-                        continue;
-                    };
-                    IndexOp::BindSession {
-                        session,
-                        backend: slot,
-                        now_ms: now_ms.saturating_sub(age),
+                    if let Some(&slot) = self.slots.get(&backend) {
+                        load.push(IndexOp::BindSession {
+                            session,
+                            backend: slot,
+                            now_ms: now_ms.saturating_sub(age),
+                        });
                     }
                 }
-                _ => continue,
-            };
-            ops += 1;
-            let _ = self.shared.index_events.send(IndexEvent {
-                origin: Origin::Peer,
-                created: now,
-                op,
-            });
+                _ => {}
+            }
+        }
+        let ops = load.len() as u64;
+        // Applied by the coordinator (and sent on to every shard) before this
+        // replica calls itself warm.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self
+            .coordinator
+            .send(AdminRequest::LoadPeerOps {
+                ops: load,
+                reply: tx,
+            })
+            .is_ok()
+        {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
         }
         self.status.snapshots_loaded.fetch_add(1, Ordering::Relaxed);
         self.status.snapshot_ops.fetch_add(ops, Ordering::Relaxed);
