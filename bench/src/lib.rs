@@ -13,6 +13,7 @@
 pub mod bus;
 pub mod chat;
 pub mod chunked;
+pub mod cluster;
 /// The gateway's cluster wire format, compiled here from its one source file in the
 /// gateway crate (`src/cluster/wire.rs`, std only) so that `radixgate-bench wire`
 /// measures exactly that code, optimised, without building the whole gateway.
