@@ -123,6 +123,11 @@ pub struct Cell {
     /// than half their prompt cached.
     pub copies: Option<(f64, usize)>,
     pub cold: usize,
+    /// Of those, among the first tenth of the requests (by start time): the
+    /// cold-start placements, against what came later (evictions, spills).
+    pub cold_early: usize,
+    /// Replica starts that failed and were retried (the last log line of each).
+    pub start_retries: Vec<String>,
     /// Sums over the replicas of their cluster counters at the end.
     pub counters: ClusterCounters,
 }
@@ -257,25 +262,34 @@ fn run_cell(
         let config = state.join(format!("cell{}-replica{i}.toml", spec.no));
         std::fs::write(&config, toml).map_err(|e| format!("{}: {e}", config.display()))?;
         let log = state.join(format!("cell{}-replica{i}.log", spec.no));
-        let child = Command::new(&cfg.gateway_bin)
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file(&log)?)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", cfg.gateway_bin.display()))?;
-        procs.push(child, format!("replica {addr}"));
-        replicas.push((addr, log));
+        let child = spawn_replica(&cfg.gateway_bin, &config, &log, 0)?;
+        let slot = procs.push(child, format!("replica {addr}"));
+        replicas.push((addr, log, config, slot));
     }
-    for (addr, log) in &replicas {
-        let ok = wait_until(Duration::from_secs(30), || {
-            http_get(*addr, "/ready").is_ok()
-                && http_get(*addr, "/metrics")
-                    .is_ok_and(|m| sum(&m, "radixgate_backend_healthy") == Some(cfg.engines as f64))
-        });
-        if ok.is_err() {
+    let mut start_retries = Vec::new();
+    for (addr, log, config, slot) in &replicas {
+        let mut attempt = 0;
+        let ok = loop {
+            let ok = wait_until(Duration::from_secs(30), || {
+                procs.exited(*slot)
+                    || (http_get(*addr, "/ready").is_ok()
+                        && http_get(*addr, "/metrics").is_ok_and(|m| {
+                            sum(&m, "radixgate_backend_healthy") == Some(cfg.engines as f64)
+                        }))
+            });
+            // A replica that exited at start (seen: the bus call while joining
+            // interrupted, EINTR) is started again, at most twice, and reported.
+            if procs.exited(*slot) && attempt < 2 {
+                attempt += 1;
+                let why = tail(log).lines().last().unwrap_or("").to_string();
+                start_retries.push(why);
+                let child = spawn_replica(&cfg.gateway_bin, config, log, attempt)?;
+                procs.replace(*slot, child);
+                continue;
+            }
+            break ok.is_ok() && !procs.exited(*slot);
+        };
+        if !ok {
             return Err(format!(
                 "replica {addr} not ready with {} healthy engines within 30 s; log:\n{}",
                 cfg.engines,
@@ -285,7 +299,7 @@ fn run_cell(
     }
     if shared {
         let peers = (spec.replicas - 1) as f64;
-        for (addr, log) in &replicas {
+        for (addr, log, _, _) in &replicas {
             let ok = wait_until(Duration::from_secs(30), || {
                 http_get(*addr, "/metrics")
                     .is_ok_and(|m| sample(&m, "radixgate_cluster_peers") == Some(peers))
@@ -300,9 +314,9 @@ fn run_cell(
     }
     let targets = replicas
         .iter()
-        .map(|(a, _)| Target::parse(&format!("http://{a}/v1/chat/completions")))
+        .map(|(a, ..)| Target::parse(&format!("http://{a}/v1/chat/completions")))
         .collect::<Result<Vec<_>, _>>()?;
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|(a, _)| *a).collect();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|(a, ..)| *a).collect();
     let lags = LagScraper::start(addrs.clone(), shared);
     let replay_cfg = ReplayConfig {
         targets,
@@ -329,6 +343,7 @@ fn run_cell(
     }
     let engine_metrics_hit_rate = engine_hit_rate(&engines);
     let (copies, cold) = doc_spread(lines, &result);
+    let cold_early = cold_in_first(&result, result.records.len().div_ceil(10));
     drop(procs);
     Ok(Cell {
         workload: w.name(),
@@ -341,8 +356,30 @@ fn run_cell(
         lag_p99_ms: lag_summary(&lag_samples),
         copies: matches!(w, Workload::Docs(_)).then_some(copies).flatten(),
         cold,
+        cold_early,
         counters,
+        start_retries,
     })
+}
+
+/// Starts one replica; its log is appended to (a retried start keeps the failure).
+fn spawn_replica(bin: &Path, config: &Path, log: &Path, attempt: usize) -> Result<Child, String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(attempt > 0)
+        .write(true)
+        .truncate(attempt == 0)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    Command::new(bin)
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }
 
 /// A replica's config: prefix_aware over `engines`, with `[cluster]` when given
@@ -397,6 +434,17 @@ pub fn doc_spread(lines: &[TraceLine], result: &ReplayResult) -> (Option<(f64, u
     let total: usize = by_doc.values().map(BTreeSet::len).sum();
     let max = by_doc.values().map(BTreeSet::len).max().unwrap_or(0);
     (Some((total as f64 / by_doc.len() as f64, max)), cold)
+}
+
+/// Requests with less than half their prompt cached among the first `n` to start.
+pub fn cold_in_first(result: &ReplayResult, n: usize) -> usize {
+    let mut by_start: Vec<&replay::Record> = result.records.iter().collect();
+    by_start.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+    by_start
+        .iter()
+        .take(n)
+        .filter(|r| matches!((r.prompt_tokens, r.cached_tokens), (Some(p), Some(c)) if 2 * c < p))
+        .count()
 }
 
 /// The document a docs-workload body asks about ("Document N. " opens its text).
@@ -510,8 +558,20 @@ pub struct Procs {
 }
 
 impl Procs {
-    pub fn push(&mut self, child: Child, what: String) {
+    /// Returns the child's slot.
+    pub fn push(&mut self, child: Child, what: String) -> usize {
         self.children.push((child, what));
+        self.children.len() - 1
+    }
+
+    /// Whether the child in `slot` has exited (reaping it).
+    pub fn exited(&mut self, slot: usize) -> bool {
+        !matches!(self.children[slot].0.try_wait(), Ok(None))
+    }
+
+    /// Puts a new child in the slot of one that has exited.
+    pub fn replace(&mut self, slot: usize, child: Child) {
+        self.children[slot].0 = child;
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -650,7 +710,7 @@ fn mode(c: &Cell) -> &'static str {
 
 fn cell_line(c: &Cell) -> String {
     format!(
-        "{} round {} replicas {} shared {}: {} ok, {} failed, hit {} (engines {}), TTFT p50 {:.1} ms p99 {:.1} ms, lag p99 {}, copies {}, cold {} ({:.1} s)",
+        "{} round {} replicas {} shared {}: {} ok, {} failed, hit {} (engines {}), TTFT p50 {:.1} ms p99 {:.1} ms, lag p99 {}, copies {}, cold {} (first tenth {}) ({:.1} s)",
         c.workload,
         c.round,
         c.replicas,
@@ -666,6 +726,7 @@ fn cell_line(c: &Cell) -> String {
         c.copies
             .map_or("-".into(), |(mean, max)| format!("{mean:.2}/{max}")),
         c.cold,
+        c.cold_early,
         c.elapsed.as_secs_f64()
     )
 }
@@ -685,7 +746,7 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
             cfg.concurrency,
             cfg.seed
         );
-        out.push_str("| round | replicas | shared | requests | errors | hit rate | vs 1 replica | engines' /metrics | TTFT p50 ms | TTFT p99 ms | event lag p99 ms (worst / median) | engines per document (mean / max) | cold prefills | reasons |\n");
+        out.push_str("| round | replicas | shared | requests | errors | hit rate | vs 1 replica | engines' /metrics | TTFT p50 ms | TTFT p99 ms | event lag p99 ms (worst / median) | engines per document (mean / max) | cold prefills (in the first tenth) | reasons |\n");
         out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for c in cells.iter().filter(|c| c.workload == name) {
             let one = cells
@@ -705,7 +766,7 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
                 .join(", ");
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} ({}) | {} |",
                 c.round,
                 c.replicas,
                 mode(c),
@@ -721,6 +782,7 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
                 c.copies
                     .map_or("—".into(), |(mean, max)| format!("{mean:.2} / {max}")),
                 c.cold,
+                c.cold_early,
                 reasons
             );
         }
