@@ -128,6 +128,10 @@ pub struct Cell {
     pub cold_early: usize,
     /// Replica starts that failed and were retried (the last log line of each).
     pub start_retries: Vec<String>,
+    /// Shared cells: means over the replay's scrapes of what a replica saw, summed
+    /// over backends: its own in-flight requests, the peers', its own pending
+    /// prefill tokens, the peers'.
+    pub seen_load: Option<[f64; 4]>,
     /// Sums over the replicas of their cluster counters at the end.
     pub counters: ClusterCounters,
 }
@@ -353,7 +357,15 @@ fn run_cell(
         stats: result.stats,
         elapsed: result.elapsed,
         engine_metrics_hit_rate,
-        lag_p99_ms: lag_summary(&lag_samples),
+        lag_p99_ms: lag_summary(&lag_samples.lag_p99),
+        seen_load: shared.then(|| {
+            [
+                mean(&lag_samples.local_in_flight),
+                mean(&lag_samples.peer_in_flight),
+                mean(&lag_samples.local_pending),
+                mean(&lag_samples.peer_pending),
+            ]
+        }),
         copies: matches!(w, Workload::Docs(_)).then_some(copies).flatten(),
         cold,
         cold_early,
@@ -466,10 +478,23 @@ fn lag_summary(samples: &[f64]) -> Option<(f64, f64)> {
     Some((s[s.len() - 1] * 1e3, s[s.len() / 2] * 1e3))
 }
 
-/// Polls the replicas' event-lag p99 every 200 ms while the replay runs.
+/// What the replicas' `/metrics` showed during the replay, one entry per scrape of
+/// one replica: the event-lag p99 (non-zero samples only), and the load routing
+/// sees, summed over backends: this replica's in-flight requests and pending prefill
+/// tokens, and the peers' as last reported.
+#[derive(Default)]
+struct Scrapes {
+    lag_p99: Vec<f64>,
+    local_in_flight: Vec<f64>,
+    peer_in_flight: Vec<f64>,
+    local_pending: Vec<f64>,
+    peer_pending: Vec<f64>,
+}
+
+/// Polls the replicas' `/metrics` every 200 ms while the replay runs.
 struct LagScraper {
     stop: Arc<AtomicBool>,
-    handle: Option<thread::JoinHandle<Vec<f64>>>,
+    handle: Option<thread::JoinHandle<Scrapes>>,
 }
 
 impl LagScraper {
@@ -478,16 +503,27 @@ impl LagScraper {
         let flag = stop.clone();
         let handle = enabled.then(|| {
             thread::spawn(move || {
-                let mut out = Vec::new();
+                let mut out = Scrapes::default();
                 while !flag.load(Ordering::Relaxed) {
                     for &a in &addrs {
-                        if let Some(v) = http_get(a, "/metrics").ok().and_then(|m| {
+                        let Ok(m) = http_get(a, "/metrics") else {
+                            continue;
+                        };
+                        if let Some(v) =
                             sample(&m, "radixgate_cluster_event_lag_seconds{quantile=\"0.99\"}")
-                        }) {
+                        {
                             if v > 0.0 {
-                                out.push(v);
+                                out.lag_p99.push(v);
                             }
                         }
+                        let s = |name| sum(&m, name).unwrap_or(0.0);
+                        out.local_in_flight.push(s("radixgate_backend_in_flight"));
+                        out.peer_in_flight
+                            .push(s("radixgate_cluster_peer_in_flight"));
+                        out.local_pending
+                            .push(s("radixgate_backend_pending_prefill_tokens"));
+                        out.peer_pending
+                            .push(s("radixgate_cluster_peer_pending_prefill_tokens"));
                     }
                     thread::sleep(Duration::from_millis(200));
                 }
@@ -497,12 +533,20 @@ impl LagScraper {
         LagScraper { stop, handle }
     }
 
-    fn stop(mut self) -> Vec<f64> {
+    fn stop(mut self) -> Scrapes {
         self.stop.store(true, Ordering::Relaxed);
         self.handle
             .take()
             .and_then(|h| h.join().ok())
             .unwrap_or_default()
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
     }
 }
 
@@ -791,10 +835,10 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
             .filter(|c| c.workload == name && c.shared == Some(true))
             .collect();
         if !shared.is_empty() {
-            out.push_str("\nBus counters, summed over the replicas of each shared cell (ops published / applied by peers / unsent; batches lost (gaps); messages dropped):\n\n");
+            out.push_str("\nBus counters, summed over the replicas of each shared cell (ops published / applied by peers / unsent; batches lost (gaps); messages dropped), and the load routing saw:\n\n");
             for c in shared {
                 let k = &c.counters;
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     "- round {}, {} replicas: {:.0} / {:.0} / {:.0}; {:.0}; {:.0}",
                     c.round,
@@ -805,7 +849,29 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
                     k.gaps,
                     k.dropped
                 );
+                if let Some([li, pi, lp, pp]) = c.seen_load {
+                    let _ = write!(
+                        out,
+                        ". Load a replica saw (mean of its scrapes, all backends): in flight {li:.1} own + {pi:.1} peers' (the fleet has at most {} in flight), pending prefill tokens {lp:.0} own + {pp:.0} peers'",
+                        cfg.concurrency
+                    );
+                }
+                out.push('\n');
             }
+        }
+        for c in cells
+            .iter()
+            .filter(|c| c.workload == name && !c.start_retries.is_empty())
+        {
+            let _ = writeln!(
+                out,
+                "\nRound {}, {} replicas ({}): {} replica start(s) failed and were retried: {}",
+                c.round,
+                c.replicas,
+                mode(c),
+                c.start_retries.len(),
+                c.start_retries.join(" | ")
+            );
         }
     }
     out
