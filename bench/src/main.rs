@@ -1,7 +1,8 @@
 //! `radixgate-bench`: the command line over the bench library: `load` (closed-loop
 //! HTTP/1.1 load), `sim` (routing quality against simulated engines, no network),
-//! `gen-trace` (a workload as a JSONL trace) and `replay` (a trace fired at a live
-//! gateway) and `bus` (the cluster-bus candidates, NATS and Redis); see
+//! `gen-trace` (a workload as a JSONL trace), `replay` (a trace fired at a live
+//! gateway), `bus` (the cluster-bus candidates, NATS and Redis) and `cluster`
+//! (gateway replicas with and without cluster mode, on one machine); see
 //! `bench/README.md`.
 
 use std::io::{Read, Write};
