@@ -17,6 +17,7 @@ pub mod chat;
 /// response's framing exactly as the gateway does.
 #[path = "../../src/http/chunked.rs"]
 pub mod chunked;
+pub mod cluster;
 /// The gateway's cluster wire format, compiled here from its one source file in the
 /// gateway crate (`src/cluster/wire.rs`, std only) so that `radixgate-bench wire`
 /// measures exactly that code, optimised, without building the whole gateway.

@@ -1,7 +1,8 @@
 //! `radixgate-bench`: the command line over the bench library: `load` (closed-loop
 //! HTTP/1.1 load), `sim` (routing quality against simulated engines, no network),
-//! `gen-trace` (a workload as a JSONL trace) and `replay` (a trace fired at a live
-//! gateway) and `bus` (the cluster-bus candidates, NATS and Redis); see
+//! `gen-trace` (a workload as a JSONL trace), `replay` (a trace fired at a live
+//! gateway), `bus` (the cluster-bus candidates, NATS and Redis) and `cluster`
+//! (gateway replicas with and without cluster mode, on one machine); see
 //! `bench/README.md`.
 
 use std::io::{Read, Write};
@@ -54,6 +55,72 @@ enum Command {
     /// The cluster wire format's encode and decode cost per op (the gateway's own
     /// src/cluster/wire.rs, optimised).
     Wire(WireArgs),
+    /// Cluster mode on one machine: a Redis bus, engine-sims and N `radixgate serve`
+    /// replicas (sharing over the bus, or not), the docs and multiturn traces replayed
+    /// with each request sent to a random replica; hit rate, TTFT and event lag per
+    /// replica count.
+    Cluster(ClusterArgs),
+}
+
+#[derive(Args)]
+struct ClusterArgs {
+    /// The radixgate binary (replicas and engine-sims); default: `radixgate` next to
+    /// this one.
+    #[arg(long)]
+    radixgate: Option<PathBuf>,
+    /// Replica counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    replicas: Vec<usize>,
+    /// For more than one replica: shared (`[cluster]` over the bus), unshared
+    /// (independent replicas), or both.
+    #[arg(long, value_delimiter = ',', default_value = "yes,no")]
+    shared: Vec<String>,
+    /// Workloads, comma-separated: docs, multiturn.
+    #[arg(long, value_delimiter = ',', default_value = "docs,multiturn")]
+    workloads: Vec<TraceWorkload>,
+    #[arg(long, default_value_t = 3)]
+    engines: usize,
+    /// Each engine-sim's prefix cache, in blocks (and the replicas' cache_blocks).
+    #[arg(long, default_value_t = 600)]
+    cache_blocks: usize,
+    /// Requests in flight (clients).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_CONCURRENCY as i64))]
+    concurrency: u32,
+    /// Every cell once per round (interleaved).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// `server.shards` per replica.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+    /// docs: documents, bytes each, requests.
+    #[arg(long, default_value_t = 15)]
+    docs: usize,
+    #[arg(long, default_value_t = 6144)]
+    doc_bytes: usize,
+    #[arg(long, default_value_t = 900)]
+    requests: usize,
+    /// multiturn: sessions and turns.
+    #[arg(long, default_value_t = 12)]
+    sessions: usize,
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// Extra `[cluster]` lines for the shared replicas, `;`-separated
+    /// (e.g. "batch_ms = 1; report_interval_ms = 100").
+    #[arg(long, default_value = "")]
+    cluster_extra: String,
+    /// The bus script (PORT); default deploy/cluster/bus.
+    #[arg(long, default_value = "deploy/cluster/bus")]
+    bus_script: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Keep the generated configs and the processes' logs (the path is printed).
+    #[arg(long)]
+    keep: bool,
+    /// Also write the Markdown tables to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -209,9 +276,13 @@ struct GenTraceArgs {
 struct ReplayArgs {
     /// The JSONL trace (see `gen-trace`).
     trace: PathBuf,
-    /// The gateway; a URL without a path gets /v1/chat/completions.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    url: String,
+    /// The gateway; a URL without a path gets /v1/chat/completions. Several
+    /// (comma-separated or repeated): replicas, each request sent to one at random.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:8080")]
+    url: Vec<String>,
+    /// Seeds the random choice among several --url targets.
+    #[arg(long, default_value_t = 1)]
+    spread_seed: u64,
     /// Requests in flight at most (one connection each).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_CONCURRENCY as i64))]
     concurrency: u32,
@@ -339,6 +410,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay_command(args),
         Command::Real(args) => real_command(args),
         Command::Bus(args) => bus_command(args),
+        Command::Cluster(args) => cluster_command(args),
         Command::Wire(args) => {
             println!(
                 "{}",
@@ -388,6 +460,85 @@ fn bus_command(args: BusArgs) -> ExitCode {
         Ok((results, load_before, load_after)) => {
             println!("{}", bus::report(&cfg, &results));
             println!("load average (1, 5, 15 min): before {load_before}, after {load_after}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cluster_command(args: ClusterArgs) -> ExitCode {
+    use radixgate_bench::cluster::{self, ClusterConfig, Workload};
+    use radixgate_bench::sim::workload::{DocsConfig, MultiturnConfig};
+    let mut shared = Vec::new();
+    for s in &args.shared {
+        match s.as_str() {
+            "yes" | "shared" => shared.push(true),
+            "no" | "unshared" => shared.push(false),
+            "both" => shared.extend([true, false]),
+            other => {
+                eprintln!("error: --shared takes yes, no or both, not {other:?}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if args.replicas.is_empty() || args.replicas.contains(&0) || args.engines == 0 {
+        eprintln!("error: --replicas and --engines must be positive");
+        return ExitCode::from(2);
+    }
+    let workloads = args
+        .workloads
+        .iter()
+        .map(|w| match w {
+            TraceWorkload::Docs => Workload::Docs(DocsConfig {
+                docs: args.docs.max(1),
+                doc_bytes: args.doc_bytes,
+                requests: args.requests,
+                ..DocsConfig::default()
+            }),
+            TraceWorkload::Multiturn => Workload::Multiturn(MultiturnConfig {
+                sessions: args.sessions.max(1),
+                turns: args.turns.max(1),
+                ..MultiturnConfig::default()
+            }),
+        })
+        .collect();
+    let gateway_bin = args.radixgate.unwrap_or_else(|| {
+        let me = std::env::current_exe().unwrap_or_default();
+        me.with_file_name("radixgate")
+    });
+    let cfg = ClusterConfig {
+        gateway_bin,
+        bus_script: args.bus_script,
+        replicas: args.replicas,
+        shared,
+        workloads,
+        engines: args.engines,
+        cache_blocks: args.cache_blocks,
+        concurrency: args.concurrency as usize,
+        rounds: args.rounds.max(1),
+        seed: args.seed,
+        shards: args.shards.max(1),
+        max_tokens: args.max_tokens,
+        cluster_extra: args.cluster_extra,
+        keep: args.keep,
+    };
+    match cluster::run(&cfg, |line| eprintln!("{line}")) {
+        Ok((cells, before, after)) => {
+            let mut text = cluster::to_markdown(&cfg, &cells);
+            let _ = std::fmt::Write::write_fmt(
+                &mut text,
+                format_args!("\nload average (1, 5, 15 min): before {before}, after {after}\n"),
+            );
+            print!("{text}");
+            if let Some(path) = args.out {
+                if let Err(e) = std::fs::write(&path, &text) {
+                    eprintln!("error: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -490,15 +641,19 @@ fn gen_trace_command(args: GenTraceArgs) -> ExitCode {
 }
 
 fn replay_command(args: ReplayArgs) -> ExitCode {
-    let mut target = match Target::parse(&args.url) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
+    let mut targets = Vec::with_capacity(args.url.len());
+    for url in &args.url {
+        let mut target = match Target::parse(url) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        if target.path == "/" {
+            target.path = "/v1/chat/completions".into();
         }
-    };
-    if target.path == "/" {
-        target.path = "/v1/chat/completions".into();
+        targets.push(target);
     }
     let mut text = String::new();
     if let Err(e) = std::fs::File::open(&args.trace).and_then(|mut f| f.read_to_string(&mut text)) {
@@ -513,7 +668,8 @@ fn replay_command(args: ReplayArgs) -> ExitCode {
         }
     };
     let cfg = ReplayConfig {
-        target,
+        targets,
+        spread_seed: args.spread_seed,
         concurrency: args.concurrency as usize,
         speedup: args.speedup,
         headers: args.headers,
@@ -538,8 +694,9 @@ fn replay_command(args: ReplayArgs) -> ExitCode {
         }
     }
     let workload = format!("trace {} ({} requests)", args.trace.display(), lines.len());
+    let urls = args.url.join(", ");
     let report = Report {
-        url: &args.url,
+        url: &urls,
         workload: &workload,
         concurrency: cfg.concurrency,
         stream: false,
@@ -720,6 +877,8 @@ mod tests {
             "radixgate-bench load --workload docs --plots /tmp/plots",
             "radixgate-bench sim --sweep docs --plots /tmp/plots",
             "radixgate-bench sim --edge --plots /tmp/plots",
+            "radixgate-bench replay trace.jsonl --url http://127.0.0.1:8081,http://127.0.0.1:8082 --spread-seed 3",
+            "radixgate-bench cluster --radixgate target/release/radixgate --replicas 1,2,4 --shared yes,no --workloads docs,multiturn --rounds 2",
         ] {
             if let Err(e) = Cli::try_parse_from(line.split(' ')) {
                 panic!("{line}: {e}");

@@ -10,6 +10,11 @@
 //! `X-Router-Reason` and the engine's `usage` (prompt and cached tokens). The summary
 //! is the load generator's [`Stats`], which also counts reasons and the cached-token
 //! share (the hit rate as the engines report it).
+//!
+//! With several targets (gateway replicas) each request goes to one of them chosen at
+//! random, as an L4 balancer that spreads requests (not connections) would send it:
+//! every thread keeps one keep-alive connection per target and draws the target per
+//! request from its own seeded generator ([`Spread`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -24,7 +29,10 @@ use crate::trace::TraceLine;
 
 #[derive(Clone, Debug)]
 pub struct ReplayConfig {
-    pub target: Target,
+    /// One or more gateways; with several, each request goes to a random one.
+    pub targets: Vec<Target>,
+    /// Seeds the per-thread target choice (threads get `seed`, `seed + 1`, ...).
+    pub spread_seed: u64,
     /// Requests in flight at most (one thread and connection each).
     pub concurrency: usize,
     /// `at_ms` is divided by this (2.0 replays twice as fast); values ≤ 0 or not
@@ -40,6 +48,8 @@ pub struct ReplayConfig {
 pub struct Record {
     pub session: String,
     pub turn: u64,
+    /// Index of the target (in [`ReplayConfig::targets`]) it was sent to.
+    pub target: usize,
     /// Since the start of the replay, ms.
     pub start_ms: f64,
     /// `None` for a transport error.
@@ -60,8 +70,8 @@ impl Record {
         json::push_str(&mut s, &self.session);
         let _ = write!(
             s,
-            ",\"turn\":{},\"start_ms\":{:.3}",
-            self.turn, self.start_ms
+            ",\"turn\":{},\"target\":{},\"start_ms\":{:.3}",
+            self.turn, self.target, self.start_ms
         );
         let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.3}"));
         let int = |v: Option<u64>| v.map_or("null".to_string(), |x| x.to_string());
@@ -170,8 +180,34 @@ impl Schedule {
     }
 }
 
+/// The per-request choice of target: uniform at random over `n` targets from a
+/// seeded generator (deterministic by seed; always 0 with one target).
+pub struct Spread {
+    n: usize,
+    rng: fastrand::Rng,
+}
+
+impl Spread {
+    pub fn new(n: usize, seed: u64) -> Spread {
+        assert!(n >= 1, "at least one target");
+        Spread {
+            n,
+            rng: fastrand::Rng::with_seed(crate::workload::mix(&[seed, 0x5EAD])),
+        }
+    }
+
+    pub fn pick(&mut self) -> usize {
+        if self.n == 1 {
+            0
+        } else {
+            self.rng.usize(..self.n)
+        }
+    }
+}
+
 pub fn run(cfg: &ReplayConfig, lines: &[TraceLine]) -> std::io::Result<ReplayResult> {
     assert!(cfg.concurrency >= 1, "concurrency must be at least 1");
+    assert!(!cfg.targets.is_empty(), "at least one target");
     let threads = cfg
         .concurrency
         .min(crate::load::MAX_CONCURRENCY)
@@ -186,7 +222,7 @@ pub fn run(cfg: &ReplayConfig, lines: &[TraceLine]) -> std::io::Result<ReplayRes
             let handle = thread::Builder::new()
                 .name(format!("radixgate-bench-replay-{k}"))
                 .stack_size(256 * 1024)
-                .spawn_scoped(scope, move || worker(cfg, lines, schedule, wake, start))?;
+                .spawn_scoped(scope, move || worker(cfg, k, lines, schedule, wake, start))?;
             handles.push(handle);
         }
         let mut stats = Stats::default();
@@ -208,12 +244,18 @@ pub fn run(cfg: &ReplayConfig, lines: &[TraceLine]) -> std::io::Result<ReplayRes
 
 fn worker(
     cfg: &ReplayConfig,
+    thread: usize,
     lines: &[TraceLine],
     schedule: &Mutex<Schedule>,
     wake: &Condvar,
     start: Instant,
 ) -> (Stats, Vec<(usize, Record)>) {
-    let mut client = Client::new(cfg.target.clone(), &cfg.headers, false, cfg.timeout);
+    let mut clients: Vec<Client> = cfg
+        .targets
+        .iter()
+        .map(|t| Client::new(t.clone(), &cfg.headers, false, cfg.timeout))
+        .collect();
+    let mut spread = Spread::new(clients.len(), cfg.spread_seed.wrapping_add(thread as u64));
     let mut stats = Stats::default();
     let mut records = Vec::new();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -243,9 +285,11 @@ fn worker(
         } else {
             &[]
         };
+        let target = spread.pick();
         let mut record = Record {
             session: line.session.clone(),
             turn: line.turn,
+            target,
             start_ms,
             status: None,
             error: None,
@@ -256,7 +300,7 @@ fn worker(
             prompt_tokens: None,
             cached_tokens: None,
         };
-        match client.send_with(line.body.as_bytes(), headers) {
+        match clients[target].send_with(line.body.as_bytes(), headers) {
             Ok(ex) => {
                 stats.record(&ex);
                 record.status = Some(ex.status);

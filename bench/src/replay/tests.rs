@@ -100,7 +100,8 @@ fn replays_in_session_order_and_records() {
         line("c", 0, 60.0, "c0"),
     ];
     let cfg = ReplayConfig {
-        target,
+        targets: vec![target],
+        spread_seed: 1,
         concurrency: 3,
         speedup: 2.0,
         headers: vec![("X-Tenant".into(), "t1".into())],
@@ -146,7 +147,10 @@ fn replays_in_session_order_and_records() {
         "{md}"
     );
     let js = r.records[0].to_json();
-    assert!(js.starts_with("{\"session\":\"a\",\"turn\":0,"), "{js}");
+    assert!(
+        js.starts_with("{\"session\":\"a\",\"turn\":0,\"target\":0,"),
+        "{js}"
+    );
     assert!(
         js.contains("\"reason\":\"session-affinity\",\"prompt_tokens\":100,\"cached_tokens\":40}"),
         "{js}"
@@ -160,7 +164,8 @@ fn dead_target_records_errors_and_keeps_going() {
         .local_addr()
         .unwrap();
     let cfg = ReplayConfig {
-        target: Target::parse(&format!("http://{addr}/")).unwrap(),
+        targets: vec![Target::parse(&format!("http://{addr}/")).unwrap()],
+        spread_seed: 1,
         concurrency: 2,
         speedup: 1.0,
         headers: Vec::new(),
@@ -187,7 +192,8 @@ fn writes_plots_of_the_run() {
         .map(|i| line(&format!("s{i}"), 0, 0.0, "x"))
         .collect();
     let cfg = ReplayConfig {
-        target,
+        targets: vec![target],
+        spread_seed: 1,
         concurrency: 2,
         speedup: 0.0,
         headers: Vec::new(),
@@ -215,4 +221,58 @@ fn writes_plots_of_the_run() {
         .unwrap()
         .contains("TTFT (ms)"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Several targets: every request goes to one of them, each gets about its share,
+/// turn order still holds across targets, and the choice is the seed's.
+#[test]
+fn spreads_requests_over_several_targets_at_random() {
+    let servers: Vec<(Target, Log)> = (0..3).map(|_| start_server()).collect();
+    let lines: Vec<TraceLine> = (0..60)
+        .map(|i| {
+            line(
+                &format!("s{}", i % 10),
+                (i / 10) as u64,
+                0.0,
+                &format!("s{}", i % 10),
+            )
+        })
+        .collect();
+    let cfg = ReplayConfig {
+        targets: servers.iter().map(|(t, _)| t.clone()).collect(),
+        spread_seed: 7,
+        concurrency: 4,
+        speedup: 0.0,
+        headers: Vec::new(),
+        timeout: Duration::from_secs(10),
+    };
+    let r = run(&cfg, &lines).unwrap();
+    assert_eq!(r.stats.ok, 60);
+    let mut per_target = [0usize; 3];
+    for rec in &r.records {
+        per_target[rec.target] += 1;
+    }
+    for (k, (_, log)) in servers.iter().enumerate() {
+        let served = log.lock().unwrap().iter().filter(|e| e.0 == "req").count();
+        assert_eq!(served, per_target[k], "target {k}");
+        assert!(served >= 8, "target {k} got {served} of 60: {per_target:?}");
+    }
+    // A session's turns still go one after another, whichever replica each lands on.
+    for s in 0..10 {
+        let starts: Vec<f64> = r
+            .records
+            .iter()
+            .filter(|x| x.session == format!("s{s}"))
+            .map(|x| x.start_ms)
+            .collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
+    }
+    let draws = |seed| {
+        let mut sp = Spread::new(4, seed);
+        (0..32).map(|_| sp.pick()).collect::<Vec<_>>()
+    };
+    assert_eq!(draws(3), draws(3));
+    assert_ne!(draws(3), draws(4));
+    assert!(draws(3).iter().all(|&t| t < 4));
+    assert!(Spread::new(1, 9).pick() == 0);
 }
