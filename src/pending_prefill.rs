@@ -48,52 +48,17 @@ struct Slot {
 }
 
 pub struct PendingPrefill {
-    /// `rows[shard][backend]`, then (in cluster mode) one row for the peers.
+    /// `rows[shard][backend]`.
     rows: Box<[Box<[Slot]>]>,
-    /// Rows written by this replica's shards.
-    local_rows: usize,
     epoch: Instant,
 }
 
 impl PendingPrefill {
     pub fn new(shards: usize, backends: usize, epoch: Instant) -> Self {
-        Self::with_rows(shards, shards, backends, epoch)
-    }
-
-    /// With one more row for the tokens the cluster's peers report pending (written
-    /// only by the cluster thread). The row holds tokens and never requests, so the
-    /// progress clock stays this replica's own: peers' pending work is charged
-    /// whole, never credited (an over-estimate by at most what the engine has done
-    /// of it since the peer's last report).
-    pub fn with_peers(shards: usize, backends: usize, epoch: Instant) -> Self {
-        Self::with_rows(shards + 1, shards, backends, epoch)
-    }
-
-    fn with_rows(rows: usize, local_rows: usize, backends: usize, epoch: Instant) -> Self {
-        let rows = (0..rows)
+        let rows = (0..shards)
             .map(|_| (0..backends).map(|_| Slot::default()).collect())
             .collect();
-        Self {
-            rows,
-            local_rows,
-            epoch,
-        }
-    }
-
-    /// Pending prefill tokens on `backend` from this replica's shards only.
-    pub fn local_tokens(&self, backend: usize) -> u32 {
-        self.rows[..self.local_rows]
-            .iter()
-            .map(|row| row[backend].tokens.load(Ordering::Relaxed))
-            .fold(0, u32::saturating_add)
-    }
-
-    /// Sets the peers' pending tokens on `backend` (cluster thread only; no-op
-    /// without the peers' row).
-    pub fn set_peer_tokens(&self, backend: usize, tokens: u32) {
-        if let Some(row) = self.rows.get(self.local_rows) {
-            row[backend].tokens.store(tokens, Ordering::Relaxed);
-        }
+        Self { rows, epoch }
     }
 
     fn ns(&self, at: Instant) -> u64 {
@@ -140,7 +105,7 @@ impl PendingPrefill {
         slot.requests.store(r.saturating_sub(1), Ordering::Relaxed);
     }
 
-    /// Pending prefill tokens on `backend`, all shards (and peers) together.
+    /// Pending prefill tokens on `backend`, all shards together.
     pub fn tokens(&self, backend: usize) -> u32 {
         self.rows
             .iter()

@@ -426,7 +426,7 @@ async fn scrape(shard: &Shard) -> String {
         .map(|b| shared.in_flight.local_total(b))
         .collect();
     let pending_prefill_tokens: Vec<u32> = (0..table.len())
-        .map(|b| shared.pending_prefill.local_tokens(b))
+        .map(|b| shared.pending_prefill.tokens(b))
         .collect();
     let peer_in_flight: Vec<u32> = (0..table.len())
         .map(|b| shared.in_flight.total(b).saturating_sub(in_flight[b]))
@@ -434,9 +434,9 @@ async fn scrape(shard: &Shard) -> String {
     let peer_pending_prefill_tokens: Vec<u32> = (0..table.len())
         .map(|b| {
             shared
-                .pending_prefill
-                .tokens(b)
-                .saturating_sub(pending_prefill_tokens[b])
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.peer_pending_tokens(b))
         })
         .collect();
     let tenant_tiers = fleet.live.tenants.tiers();

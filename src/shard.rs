@@ -113,10 +113,7 @@ impl Shared {
                 Some(_) => InFlight::with_peers(shards, MAX_BACKEND_SLOTS),
                 None => InFlight::new(shards, MAX_BACKEND_SLOTS),
             },
-            pending_prefill: match config.cluster {
-                Some(_) => PendingPrefill::with_peers(shards, MAX_BACKEND_SLOTS, epoch),
-                None => PendingPrefill::new(shards, MAX_BACKEND_SLOTS, epoch),
-            },
+            pending_prefill: PendingPrefill::new(shards, MAX_BACKEND_SLOTS, epoch),
             shard_commands,
             config,
         }

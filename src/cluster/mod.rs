@@ -235,6 +235,9 @@ pub struct ClusterStatus {
     pub peer_faults: AtomicU64,
     /// Peers' tenant-use reports charged to this replica's buckets.
     pub tenant_charges: AtomicU64,
+    /// Per backend slot, the pending prefill tokens the peers last reported: shown,
+    /// not charged in routing (docs/cluster.md, "What is shared").
+    peer_pending: Box<[std::sync::atomic::AtomicU32]>,
 }
 
 impl ClusterStatus {
@@ -266,6 +269,23 @@ impl ClusterStatus {
             snapshots_served: AtomicU64::new(0),
             peer_faults: AtomicU64::new(0),
             tenant_charges: AtomicU64::new(0),
+            peer_pending: (0..crate::backends::MAX_BACKEND_SLOTS)
+                .map(|_| Default::default())
+                .collect(),
+        }
+    }
+
+    /// The peers' pending prefill tokens on backend `slot`, as last reported.
+    pub fn peer_pending_tokens(&self, slot: usize) -> u32 {
+        self.peer_pending
+            .get(slot)
+            .map_or(0, |t| t.load(Ordering::Relaxed))
+    }
+
+    /// Written by the subscriber only.
+    pub fn set_peer_pending_tokens(&self, slot: usize, tokens: u32) {
+        if let Some(t) = self.peer_pending.get(slot) {
+            t.store(tokens, Ordering::Relaxed);
         }
     }
 
@@ -435,7 +455,13 @@ pub fn check_join(config: &ClusterConfig, fingerprint: u64) -> Result<(), String
                 held.unwrap_or_else(|| "?".into())
             ))
         }
-        Err(e) => Err(format!("cluster: {}: {e}", config.url)),
+        // A bus that answered and then failed (an interrupted call, a restart) is
+        // no reason to refuse start-up either: the cluster threads check the
+        // fingerprint again when they connect.
+        Err(e) => {
+            tracing::warn!(url = %config.url, error = %e, "cluster bus check failed at start; the cluster threads retry");
+            Ok(())
+        }
     }
 }
 

@@ -312,7 +312,7 @@ fn report_load(
             Some(Op::Load {
                 backend: keys.get(slot).copied().flatten()?,
                 in_flight: shared.in_flight.local_total(slot),
-                pending_prefill_tokens: u64::from(shared.pending_prefill.local_tokens(slot)),
+                pending_prefill_tokens: u64::from(shared.pending_prefill.tokens(slot)),
             })
         })
         .collect();

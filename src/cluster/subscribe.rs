@@ -414,7 +414,7 @@ impl Subscriber {
             if self.written[slot] != now {
                 self.written[slot] = now;
                 self.shared.in_flight.set_peers(slot, now.0);
-                self.shared.pending_prefill.set_peer_tokens(slot, now.1);
+                self.status.set_peer_pending_tokens(slot, now.1);
             }
         }
     }
