@@ -42,7 +42,7 @@ wait_port "$BUS_PORT"
 BACKENDS=""
 for i in 0 1 2 3; do
   P=$(free_port)
-  "$BIN" engine-sim --listen "127.0.0.1:$P" --fixed-response >"$WORK/engine$i.log" 2>&1 &
+  "$BIN" engine-sim --listen "127.0.0.1:$P" --fixed-response --cache-blocks 60000 >"$WORK/engine$i.log" 2>&1 &
   PIDS+=($!)
   BACKENDS+=$'\n'"[[backends]]"$'\n'"id = \"e$i\""$'\n'"url = \"http://127.0.0.1:$P\""$'\n'"models = [\"sim\"]"$'\n'"cache_blocks = 60000"
 done
@@ -109,7 +109,7 @@ for r in $(seq 1 "$ROUNDS"); do
   until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$B_PORT/ready" 2>/dev/null)" = 200 ]; do sleep 0.005; done
   T1=$(date +%s%N)
   B_BLOCKS=$(blocks_of "$B_PORT")
-  LINE=$(grep "warm from a peer's snapshot" "$WORK/b$r.log" | tail -1)
+  LINE=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/b$r.log" | grep "warm from a peer" | tail -1)
   OPS=$(sed -n 's/.*ops=\([0-9]*\).*/\1/p' <<<"$LINE")
   MS=$(sed -n 's/.* ms=\([0-9]*\).*/\1/p' <<<"$LINE")
   echo "| $r | $A_BLOCKS | $B_BLOCKS | ${OPS:-?} | ${MS:-?} | $(( (T1 - T0) / 1000000 )) |"
