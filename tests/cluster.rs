@@ -906,3 +906,38 @@ fn a_rolling_restart_under_load_costs_no_request_and_keeps_the_hit_rate() {
         "hit rate {h1:.3} during the restarts, {h0:.3} before"
     );
 }
+
+#[test]
+fn peers_pending_prefill_is_reported_but_not_charged() {
+    let bus = Bus::start();
+    // Prefill takes a while here: A's requests stay pending (no first byte).
+    let slow = start_engine(
+        "epoll",
+        EngineConfig {
+            prefill_per_token: Duration::from_millis(3),
+            ..EngineConfig::instant("sim")
+        },
+    );
+    let engines = vec![slow];
+    let toml = cluster_toml(&bus, &channel("pending"), "");
+    let (a, b) = (replica(&engines, &toml), replica(&engines, &toml));
+    wait_peers(b.local_addr(), 1);
+    let addr = a.local_addr();
+    let sender = std::thread::spawn(move || ask(addr, &doc_prompt(3, 0)).0);
+    let metric_b = |name: &str| metric(&scrape(b.local_addr()), name).unwrap_or(0.0);
+    assert!(
+        eventually(Duration::from_secs(3), || metric_b(
+            "radixgate_cluster_peer_pending_prefill_tokens{backend=\"e0\"}"
+        ) > 0.0),
+        "B never saw A's pending prefill:\n{}",
+        scrape(b.local_addr())
+    );
+    // Shown, not charged: B's own pending-prefill gauge (what routing reads) is 0.
+    assert_eq!(
+        metric_b("radixgate_backend_pending_prefill_tokens{backend=\"e0\"}"),
+        0.0
+    );
+    assert_eq!(sender.join().unwrap(), 200);
+    a.shutdown();
+    b.shutdown();
+}
