@@ -64,6 +64,8 @@ pub struct ClusterConfig {
     pub cluster_extra: String,
     /// Keep the configs and logs (printed path) instead of removing them.
     pub keep: bool,
+    /// Also measure a replica started after the traffic: see [`run_late`].
+    pub late: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -150,7 +152,7 @@ pub struct ClusterCounters {
 pub fn run(
     cfg: &ClusterConfig,
     mut progress: impl FnMut(&str),
-) -> Result<(Vec<Cell>, String, String), String> {
+) -> Result<(Vec<Cell>, Vec<LateCell>, String, String), String> {
     let load_before = crate::bus::loadavg();
     let state =
         std::env::temp_dir().join(format!("radixgate-bench-cluster.{}", std::process::id()));
@@ -160,7 +162,7 @@ pub fn run(
         keep: cfg.keep,
     };
     let mut bus_procs = Procs::default();
-    let needs_bus = cfg.shared.contains(&true) && cfg.replicas.iter().any(|&n| n > 1);
+    let needs_bus = cfg.late || (cfg.shared.contains(&true) && cfg.replicas.iter().any(|&n| n > 1));
     let bus_url = if needs_bus {
         let url = start_bus(cfg, &mut bus_procs)?;
         progress(&format!("bus {url} (pid {})", bus_procs.pids()[0]));
@@ -169,6 +171,7 @@ pub fn run(
         None
     };
     let mut cells = Vec::new();
+    let mut late_cells = Vec::new();
     let mut cell_no = 0usize;
     for round in 1..=cfg.rounds.max(1) {
         for w in &cfg.workloads {
@@ -198,10 +201,21 @@ pub fn run(
                     cells.push(cell);
                 }
             }
+            if let (true, Some(url)) = (cfg.late, bus_url.as_deref()) {
+                cell_no += 2;
+                let late = run_late(cfg, &state, url, w, &lines, round, cell_no)?;
+                progress(&format!(
+                    "{} round {round}: late replica {} against {} alone",
+                    late.workload,
+                    pct(late.late),
+                    pct(late.alone)
+                ));
+                late_cells.push(late);
+            }
         }
     }
     drop(bus_procs);
-    Ok((cells, load_before, crate::bus::loadavg()))
+    Ok((cells, late_cells, load_before, crate::bus::loadavg()))
 }
 
 struct CellSpec {
@@ -220,107 +234,36 @@ fn run_cell(
     spec: CellSpec,
 ) -> Result<Cell, String> {
     let mut procs = Procs::default();
-    // Fresh engines: every cell starts with cold caches.
-    let mut engines = Vec::with_capacity(cfg.engines);
-    for i in 0..cfg.engines {
-        let addr = free_addr()?;
-        let log = state.join(format!("cell{}-engine{i}.log", spec.no));
-        let child = Command::new(&cfg.gateway_bin)
-            .arg("engine-sim")
-            .args(["--listen", &addr.to_string()])
-            .args(["--cache-blocks", &cfg.cache_blocks.to_string()])
-            .args(["--seed", &(i + 1).to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file(&log)?)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", cfg.gateway_bin.display()))?;
-        procs.push(child, format!("engine-sim {addr}"));
-        engines.push(addr);
-    }
-    for &addr in &engines {
-        wait_until(Duration::from_secs(20), || {
-            http_get(addr, "/v1/models").is_ok()
-        })
-        .map_err(|_| format!("engine-sim {addr} did not answer within 20 s"))?;
-    }
+    let engines = start_engines(cfg, state, spec.no, &mut procs)?;
     let shared = spec.shared == Some(true);
     let channel = format!("rgbench-{}-cell{}", std::process::id(), spec.no);
+    let mut start_retries = Vec::new();
     let mut replicas = Vec::with_capacity(spec.replicas);
     for i in 0..spec.replicas {
-        let addr = free_addr()?;
         let cluster = match (shared, bus_url) {
-            (true, Some(url)) => Some((url, channel.as_str(), format!("r{i}"))),
+            (true, Some(url)) => Some((url, channel.as_str())),
             (true, None) => return Err("shared cell without a bus".into()),
             _ => None,
         };
-        let toml = replica_toml(
-            addr,
-            cfg.shards,
+        replicas.push(start_replica(
+            cfg,
+            state,
+            spec.no,
+            i,
             &engines,
-            cfg.cache_blocks,
-            cluster
-                .as_ref()
-                .map(|(u, c, n)| (*u, *c, n.as_str(), cfg.cluster_extra.as_str())),
-        );
-        let config = state.join(format!("cell{}-replica{i}.toml", spec.no));
-        std::fs::write(&config, toml).map_err(|e| format!("{}: {e}", config.display()))?;
-        let log = state.join(format!("cell{}-replica{i}.log", spec.no));
-        let child = spawn_replica(&cfg.gateway_bin, &config, &log, 0)?;
-        let slot = procs.push(child, format!("replica {addr}"));
-        replicas.push((addr, log, config, slot));
-    }
-    let mut start_retries = Vec::new();
-    for (addr, log, config, slot) in &replicas {
-        let mut attempt = 0;
-        let ok = loop {
-            let ok = wait_until(Duration::from_secs(30), || {
-                procs.exited(*slot)
-                    || (http_get(*addr, "/ready").is_ok()
-                        && http_get(*addr, "/metrics").is_ok_and(|m| {
-                            sum(&m, "radixgate_backend_healthy") == Some(cfg.engines as f64)
-                        }))
-            });
-            // A replica that exited at start (seen: the bus call while joining
-            // interrupted, EINTR) is started again, at most twice, and reported.
-            if procs.exited(*slot) && attempt < 2 {
-                attempt += 1;
-                let why = tail(log).lines().last().unwrap_or("").to_string();
-                start_retries.push(why);
-                let child = spawn_replica(&cfg.gateway_bin, config, log, attempt)?;
-                procs.replace(*slot, child);
-                continue;
-            }
-            break ok.is_ok() && !procs.exited(*slot);
-        };
-        if !ok {
-            return Err(format!(
-                "replica {addr} not ready with {} healthy engines within 30 s; log:\n{}",
-                cfg.engines,
-                tail(log)
-            ));
-        }
+            cluster,
+            &mut procs,
+            &mut start_retries,
+        )?);
     }
     if shared {
-        let peers = (spec.replicas - 1) as f64;
-        for (addr, log, _, _) in &replicas {
-            let ok = wait_until(Duration::from_secs(30), || {
-                http_get(*addr, "/metrics")
-                    .is_ok_and(|m| sample(&m, "radixgate_cluster_peers") == Some(peers))
-            });
-            if ok.is_err() {
-                return Err(format!(
-                    "replica {addr} did not see {peers} peers within 30 s; log:\n{}",
-                    tail(log)
-                ));
-            }
-        }
+        wait_peers(&replicas, spec.replicas - 1)?;
     }
     let targets = replicas
         .iter()
-        .map(|(a, ..)| Target::parse(&format!("http://{a}/v1/chat/completions")))
+        .map(|(a, _)| Target::parse(&format!("http://{a}/v1/chat/completions")))
         .collect::<Result<Vec<_>, _>>()?;
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|(a, ..)| *a).collect();
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|(a, _)| *a).collect();
     let lags = LagScraper::start(addrs.clone(), shared);
     let replay_cfg = ReplayConfig {
         targets,
@@ -371,6 +314,218 @@ fn run_cell(
         cold_early,
         counters,
         start_retries,
+    })
+}
+
+/// K fresh engine-sims (cold caches), answering.
+fn start_engines(
+    cfg: &ClusterConfig,
+    state: &Path,
+    cell: usize,
+    procs: &mut Procs,
+) -> Result<Vec<SocketAddr>, String> {
+    let mut engines = Vec::with_capacity(cfg.engines);
+    for i in 0..cfg.engines {
+        let addr = free_addr()?;
+        let log = state.join(format!("cell{cell}-engine{i}.log"));
+        let child = Command::new(&cfg.gateway_bin)
+            .arg("engine-sim")
+            .args(["--listen", &addr.to_string()])
+            .args(["--cache-blocks", &cfg.cache_blocks.to_string()])
+            .args(["--seed", &(i + 1).to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file(&log)?)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", cfg.gateway_bin.display()))?;
+        procs.push(child, format!("engine-sim {addr}"));
+        engines.push(addr);
+    }
+    for &addr in &engines {
+        wait_until(Duration::from_secs(20), || {
+            http_get(addr, "/v1/models").is_ok()
+        })
+        .map_err(|_| format!("engine-sim {addr} did not answer within 20 s"))?;
+    }
+    Ok(engines)
+}
+
+/// Starts replica `i` (with `[cluster]` on `(bus url, channel)` when given) and
+/// waits until it is ready with every engine healthy; returns its address and log.
+#[allow(clippy::too_many_arguments)] // one call site each; the cell's whole context
+fn start_replica(
+    cfg: &ClusterConfig,
+    state: &Path,
+    cell: usize,
+    i: usize,
+    engines: &[SocketAddr],
+    cluster: Option<(&str, &str)>,
+    procs: &mut Procs,
+    start_retries: &mut Vec<String>,
+) -> Result<(SocketAddr, PathBuf), String> {
+    let addr = free_addr()?;
+    let node = format!("r{i}");
+    let toml = replica_toml(
+        addr,
+        cfg.shards,
+        engines,
+        cfg.cache_blocks,
+        cluster.map(|(u, c)| (u, c, node.as_str(), cfg.cluster_extra.as_str())),
+    );
+    let config = state.join(format!("cell{cell}-replica{i}.toml"));
+    std::fs::write(&config, toml).map_err(|e| format!("{}: {e}", config.display()))?;
+    let log = state.join(format!("cell{cell}-replica{i}.log"));
+    let child = spawn_replica(&cfg.gateway_bin, &config, &log, 0)?;
+    let slot = procs.push(child, format!("replica {addr}"));
+    let mut attempt = 0;
+    let ok = loop {
+        let ok = wait_until(Duration::from_secs(30), || {
+            procs.exited(slot)
+                || (http_get(addr, "/ready").is_ok()
+                    && http_get(addr, "/metrics").is_ok_and(|m| {
+                        sum(&m, "radixgate_backend_healthy") == Some(cfg.engines as f64)
+                    }))
+        });
+        // A replica that exited at start is started again, at most twice, and
+        // reported.
+        if procs.exited(slot) && attempt < 2 {
+            attempt += 1;
+            let why = tail(&log).lines().last().unwrap_or("").to_string();
+            start_retries.push(why);
+            let child = spawn_replica(&cfg.gateway_bin, &config, &log, attempt)?;
+            procs.replace(slot, child);
+            continue;
+        }
+        break ok.is_ok() && !procs.exited(slot);
+    };
+    if !ok {
+        return Err(format!(
+            "replica {addr} not ready with {} healthy engines within 30 s; log:\n{}",
+            cfg.engines,
+            tail(&log)
+        ));
+    }
+    Ok((addr, log))
+}
+
+/// Waits until every replica hears `peers` peers.
+fn wait_peers(replicas: &[(SocketAddr, PathBuf)], peers: usize) -> Result<(), String> {
+    for (addr, log) in replicas {
+        let ok = wait_until(Duration::from_secs(30), || {
+            http_get(*addr, "/metrics")
+                .is_ok_and(|m| sample(&m, "radixgate_cluster_peers") == Some(peers as f64))
+        });
+        if ok.is_err() {
+            return Err(format!(
+                "replica {addr} did not see {peers} peers within 30 s; log:\n{}",
+                tail(log)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One round of the late-replica measurement.
+#[derive(Clone, Debug)]
+pub struct LateCell {
+    pub workload: &'static str,
+    pub round: usize,
+    /// The second half's hit rate on one replica that served the whole trace.
+    pub alone: Option<f64>,
+    /// The second half's hit rate on a replica started after the first half (the
+    /// first half went to another replica), serving the second half alone.
+    pub late: Option<f64>,
+    pub errors: u64,
+    /// The late replica's snapshot: ops loaded, and ms from joining to loaded.
+    pub snapshot_ops: f64,
+}
+
+/// A replica started after the traffic: replica r0 serves the first half of the
+/// trace; then r1 starts (shared, loading r0's index as it joins) and serves the
+/// second half alone. Against it, one replica serves both halves. Fresh engines
+/// for each.
+pub fn run_late(
+    cfg: &ClusterConfig,
+    state: &Path,
+    bus_url: &str,
+    w: &Workload,
+    lines: &[TraceLine],
+    round: usize,
+    cell: usize,
+) -> Result<LateCell, String> {
+    let half = lines.len() / 2;
+    let (first, second) = (&lines[..half], &lines[half..]);
+    let replay_to = |addr: SocketAddr, part: &[TraceLine], seed: u64| {
+        let cfg = ReplayConfig {
+            targets: vec![Target::parse(&format!(
+                "http://{addr}/v1/chat/completions"
+            ))?],
+            spread_seed: seed,
+            concurrency: cfg.concurrency,
+            speedup: 0.0,
+            headers: Vec::new(),
+            timeout: Duration::from_secs(60),
+        };
+        replay::run(&cfg, part).map_err(|e| e.to_string())
+    };
+    let mut retries = Vec::new();
+    // One replica all along.
+    let alone = {
+        let mut procs = Procs::default();
+        let engines = start_engines(cfg, state, cell, &mut procs)?;
+        let (r0, _) = start_replica(
+            cfg,
+            state,
+            cell,
+            0,
+            &engines,
+            None,
+            &mut procs,
+            &mut retries,
+        )?;
+        replay_to(r0, first, 1)?;
+        replay_to(r0, second, 2)?
+    };
+    // The second half on a replica that joined after the first.
+    let channel = format!("rgbench-{}-late{cell}", std::process::id());
+    let mut procs = Procs::default();
+    let engines = start_engines(cfg, state, cell + 1, &mut procs)?;
+    let cluster = Some((bus_url, channel.as_str()));
+    let (r0, _) = start_replica(
+        cfg,
+        state,
+        cell + 1,
+        0,
+        &engines,
+        cluster,
+        &mut procs,
+        &mut retries,
+    )?;
+    replay_to(r0, first, 1)?;
+    let (r1, _) = start_replica(
+        cfg,
+        state,
+        cell + 1,
+        1,
+        &engines,
+        cluster,
+        &mut procs,
+        &mut retries,
+    )?;
+    let late = replay_to(r1, second, 2)?;
+    let m = http_get(r1, "/metrics").unwrap_or_default();
+    Ok(LateCell {
+        workload: w.name(),
+        round,
+        alone: alone.stats.cached_share(),
+        late: late.stats.cached_share(),
+        errors: alone
+            .stats
+            .errors
+            .values()
+            .chain(late.stats.errors.values())
+            .sum(),
+        snapshot_ops: sample(&m, "radixgate_cluster_snapshots_loaded_total").unwrap_or(0.0),
     })
 }
 
@@ -776,6 +931,31 @@ fn cell_line(c: &Cell) -> String {
 }
 
 /// The cells as Markdown: one table per workload.
+/// The late-replica table (empty without `--late`).
+pub fn late_markdown(late: &[LateCell]) -> String {
+    if late.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("\n### cluster · a replica started after the traffic (the trace's second half, served alone)\n\n| workload | round | one replica all along | the late replica | late / alone | errors | snapshots loaded |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for c in late {
+        let ratio = match (c.late, c.alone) {
+            (Some(l), Some(a)) if a > 0.0 => format!("{:.3}×", l / a),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {ratio} | {} | {} |",
+            c.workload,
+            c.round,
+            pct(c.alone),
+            pct(c.late),
+            c.errors,
+            c.snapshot_ops
+        );
+    }
+    out
+}
+
 pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
     let mut out = String::new();
     for w in &cfg.workloads {

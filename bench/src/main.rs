@@ -118,6 +118,11 @@ struct ClusterArgs {
     /// Keep the generated configs and the processes' logs (the path is printed).
     #[arg(long)]
     keep: bool,
+    /// Also, per workload and round: the trace's first half to one replica, then a
+    /// second replica started (joining the cluster) serving the second half alone,
+    /// against one replica serving both halves.
+    #[arg(long)]
+    late: bool,
     /// Also write the Markdown tables to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -524,10 +529,12 @@ fn cluster_command(args: ClusterArgs) -> ExitCode {
         max_tokens: args.max_tokens,
         cluster_extra: args.cluster_extra,
         keep: args.keep,
+        late: args.late,
     };
     match cluster::run(&cfg, |line| eprintln!("{line}")) {
-        Ok((cells, before, after)) => {
+        Ok((cells, late, before, after)) => {
             let mut text = cluster::to_markdown(&cfg, &cells);
+            text.push_str(&cluster::late_markdown(&late));
             let _ = std::fmt::Write::write_fmt(
                 &mut text,
                 format_args!("\nload average (1, 5, 15 min): before {before}, after {after}\n"),
