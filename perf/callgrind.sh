@@ -8,6 +8,9 @@
 #                                   (a given binary, not this checkout; TAG names the dump)
 #   EXTRA_TOML=$'[cluster]\nurl = "redis://127.0.0.1:6379"' TAG=cluster perf/callgrind.sh
 #                                   (radixgate only: appended to the gateway's config)
+#   ENGINE_DELAY_US=2000 ENGINE_BIN=target/release/radixgate BIN=… perf/callgrind.sh
+#                                   (the engine waits 2 ms before each answer, so the
+#                                   proxy always waits for it: see below)
 #
 # Starts one `radixgate engine-sim --fixed-response` natively and the proxy under
 # callgrind (radixgate: 1 shard, epoll driver, as valgrind does not model io_uring;
@@ -16,6 +19,15 @@
 # instructions per request plus the top functions by inclusive and self cost.
 # Kernel work (the TCP stack) is not counted. The output file stays in
 # target/callgrind/ for callgrind_annotate or kcachegrind.
+#
+# With the engine answering at once (the default), whether the answer is already
+# there when the proxy (slowed ~50x by valgrind) first reads decides how often the
+# proxy parks in epoll_wait, and each park and re-poll costs ~1,400 instructions: one
+# binary's total moves by ±1,000 between runs. The script prints the parks per
+# request ("epoll_wait/request"); compare runs with similar values, or set
+# ENGINE_DELAY_US (e.g. 2000: each answer waits 2 ms, as a real engine's would) so
+# that every request waits on the upstream and runs repeat within a few instructions.
+# ENGINE_BIN runs the engine from another binary (older ones lack --fixed-delay-us).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROXY=${1:-radixgate}
@@ -42,7 +54,9 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 
 EPORT=$(free_port)
-"$BIN" engine-sim --listen "127.0.0.1:$EPORT" --fixed-response >"$WORK/engine.log" 2>&1 &
+ENGINE_ARGS=(engine-sim --listen "127.0.0.1:$EPORT" --fixed-response)
+[ "${ENGINE_DELAY_US:-0}" = 0 ] || ENGINE_ARGS+=(--fixed-delay-us "$ENGINE_DELAY_US")
+"${ENGINE_BIN:-$BIN}" "${ENGINE_ARGS[@]}" >"$WORK/engine.log" 2>&1 &
 PIDS+=($!)
 PORT=$(free_port)
 OUT=$OUTDIR/callgrind.$PROXY-$POLICY-$BODY${TAG:+-$TAG}.out
@@ -150,7 +164,13 @@ wait "$VG" 2>/dev/null || true
 DUMP=$(ls -t "$OUT".* 2>/dev/null | head -1 || true)
 [ -n "$DUMP" ] || DUMP=$OUT
 TOTAL=$(callgrind_annotate "$DUMP" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
-echo "$PROXY ($POLICY, $BODY B body): $TOTAL instructions for $REQUESTS requests = $((TOTAL / REQUESTS)) per request ($DUMP)"
+# Parks per request: how often the proxy waited in epoll_wait (see above).
+PARKS=$(awk '
+  /^c?fn=\(/ { id = $1; sub(/^c?fn=/, "", id); if (NF > 1) name[id] = $2 }
+  /^cfn=/ { hit = (name[id] ~ /epoll_wait/) }
+  /^calls=/ { if (hit) { split($1, c, "="); n += c[2] } hit = 0 }
+  END { print n + 0 }' "$DUMP")
+echo "$PROXY ($POLICY, $BODY B body): $TOTAL instructions for $REQUESTS requests = $((TOTAL / REQUESTS)) per request, epoll_wait/request $(awk -v p="$PARKS" -v r="$REQUESTS" 'BEGIN { printf "%.2f", p / r }') ($DUMP)"
 echo "--- top inclusive"
 callgrind_annotate --inclusive=yes "$DUMP" 2>/dev/null | sed -n '/file:function/,$p' | head -40
 echo "--- top self"

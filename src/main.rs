@@ -107,6 +107,9 @@ struct EngineArgs {
     /// or simulating anything (proxy benchmarks).
     #[arg(long)]
     fixed_response: bool,
+    /// With --fixed-response, wait this many microseconds before each answer.
+    #[arg(long, default_value_t = 0)]
+    fixed_delay_us: u64,
     /// Part in a split pool: both (whole requests), prefill or decode.
     #[arg(long, default_value = "both")]
     role: String,
@@ -323,6 +326,7 @@ fn main() -> ExitCode {
                 refuse_rate: a.refuse_rate,
                 seed: a.seed,
                 fixed_response: a.fixed_response,
+                fixed_delay: Duration::from_micros(a.fixed_delay_us),
                 disagg: None,
                 bootstrap_port: a.bootstrap_port,
             };

@@ -129,6 +129,11 @@ pub trait FleetView {
     /// The backends serving `model`, in backend order (empty when it has none left).
     fn serving(&self, model: ModelIdx) -> &[BackendIdx];
     fn backend(&self, backend: BackendIdx) -> BackendState;
+    /// The backend's breaker state alone (whether a pick is a half-open probe);
+    /// a view that can read it without building the whole [`BackendState`] should.
+    fn breaker(&self, backend: BackendIdx) -> BreakerState {
+        self.backend(backend).breaker
+    }
 }
 
 /// A fleet written out as values: every backend serves the one model (index 0).
@@ -411,7 +416,7 @@ impl Router {
                 facts.blocks.len(),
                 chosen.matched_blocks,
             ),
-            probe: fleet.backend(pick.backend).breaker == BreakerState::HalfOpen,
+            probe: fleet.breaker(pick.backend) == BreakerState::HalfOpen,
             alternatives,
             chunk_overlap: None,
             prefill: None,
@@ -515,7 +520,7 @@ impl Router {
                 matched_blocks: matched,
                 in_flight_before: u32::MAX,
                 uncached_tokens: 0,
-                probe: fleet.backend(backend).breaker == BreakerState::HalfOpen,
+                probe: fleet.breaker(backend) == BreakerState::HalfOpen,
                 alternatives,
                 chunk_overlap: None,
                 prefill,

@@ -140,6 +140,9 @@ impl Engine {
                     if self.config.fixed_response =>
                 {
                     self.counters.borrow_mut().requests_ok += 1;
+                    if !self.config.fixed_delay.is_zero() {
+                        monoio::time::sleep(self.config.fixed_delay).await;
+                    }
                     let body = self.fixed_body.clone();
                     reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
                 }

@@ -66,6 +66,10 @@ pub struct EngineConfig {
     /// parsing the request, modelling the cache or the batch (for proxy benchmarks,
     /// where the engine must cost as little as possible).
     pub fixed_response: bool,
+    /// In `fixed_response` mode, how long each answer waits (0: none). With a delay
+    /// the proxy in front always waits for the answer, as with a real engine, which
+    /// makes per-request profiles of the proxy repeatable (perf/callgrind.sh).
+    pub fixed_delay: Duration,
     /// Its part in a split prefill/decode pool (`None`: serves whole requests).
     pub disagg: Option<SimDisagg>,
     /// SGLang prefill engines: also serve the bootstrap endpoint on this port of the
@@ -91,6 +95,7 @@ impl EngineConfig {
             refuse_rate: 0.0,
             seed: 1,
             fixed_response: false,
+            fixed_delay: Duration::ZERO,
             disagg: None,
             bootstrap_port: None,
         }

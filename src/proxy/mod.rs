@@ -35,7 +35,7 @@ use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::Decision;
 use radixgate_orchestrator::PolicyName;
-use route::{policy_for, route, routing_facts, ProbeGuard};
+use route::{policy_for, route_at, routing_facts, ProbeGuard};
 use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -246,7 +246,7 @@ fn parse_prompt_unless_member(
     let shared = &shard.shared;
     let mut parser = shard.parser.borrow_mut();
     let mut hasher = shard.hasher.borrow_mut();
-    let fleet = shard.fleet.borrow().clone();
+    let fleet = shard.fleet.borrow();
     let models = fleet.live.backends.models();
     let parsed =
         parser.parse_unless_member(endpoint, body, models, &mut hasher, seed_mix, stop_at)?;
@@ -441,7 +441,11 @@ async fn attempt_all(
         (fleet.live.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS)
     };
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
-    shard.retry_budget.borrow_mut().deposit(shared.now_ms());
+    // One clock reading for the retry budget's deposit and the first route; a retry
+    // reads the clock again.
+    let now = std::time::Instant::now();
+    shard.retry_budget.borrow_mut().deposit(shared.ms_at(now));
+    let mut clock = Some(now);
     let mut attempt = 0;
     // The failure that led to the current retry, answered if no backend is left.
     let mut previous: Option<(GatewayError, Decision)> = None;
@@ -452,12 +456,14 @@ async fn attempt_all(
         attempt += 1;
         let excluded_now = &excluded[..attempt - 1];
         let route_span = crate::trace::start_child(&TraceContext::of(head));
+        let now = clock.take().unwrap_or_else(std::time::Instant::now);
         let routed = match &carried {
-            Some(b) => route(
+            Some(b) => route_at(
                 shard,
                 &routing_facts(facts, policy, b, session, req.chunks, excluded_now),
+                now,
             ),
-            None => route(
+            None => route_at(
                 shard,
                 &routing_facts(
                     facts,
@@ -467,6 +473,7 @@ async fn attempt_all(
                     req.chunks,
                     excluded_now,
                 ),
+                now,
             ),
         };
         let mut route = match routed {
@@ -515,8 +522,11 @@ async fn attempt_all(
                 None => (*shard.prompt_blocks()).into(),
             });
         }
-        let may_retry =
-            retry_possible && shard.retry_budget.borrow_mut().can_retry(shared.now_ms());
+        let may_retry = retry_possible
+            && shard
+                .retry_budget
+                .borrow_mut()
+                .can_retry(shared.ms_at(decided.into_std()));
 
         let attempt_span = crate::trace::start_child(&TraceContext::of(head));
         let mut request = shard.take_buffer();
@@ -761,7 +771,8 @@ fn write_head_lines(
     backend: usize,
     request_id: &str,
 ) {
-    let b = shard.backend(backend);
+    let fleet = shard.fleet.borrow();
+    let b = fleet.live.backends.config(backend);
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");

@@ -13,7 +13,8 @@ use crate::pending_prefill::PendingPrefill;
 use crate::replica::{IndexEvent, IndexOp, Origin};
 use crate::shard::Shard;
 use radixgate_orchestrator::{
-    BackendIdx, BackendState, Decision, FleetView, ModelIdx, PolicyName, RouteError, RoutingFacts,
+    BackendIdx, BackendState, BreakerState, Decision, FleetView, ModelIdx, PolicyName, RouteError,
+    RoutingFacts,
 };
 use std::time::Instant;
 
@@ -47,6 +48,10 @@ pub struct ShardFleet<'a> {
 impl FleetView for ShardFleet<'_> {
     fn serving(&self, model: ModelIdx) -> &[BackendIdx] {
         self.snapshot.live.backends.serving(model)
+    }
+
+    fn breaker(&self, b: BackendIdx) -> BreakerState {
+        self.snapshot.breaker[b]
     }
 
     fn backend(&self, b: BackendIdx) -> BackendState {
@@ -114,8 +119,16 @@ pub(super) fn routing_facts<'a>(
 /// Asks the router where the request goes, then applies the decision's ops to this
 /// shard's replica and publishes them to the coordinator.
 pub(super) fn route(shard: &Shard, facts: &RoutingFacts<'_>) -> Result<Decision, GatewayError> {
-    // One clock reading for the index's clock and the candidates' prefill progress.
-    let now = Instant::now();
+    route_at(shard, facts, Instant::now())
+}
+
+/// [`route`] at `now`, a clock reading the caller already has (one reading for the
+/// index's clock and the candidates' prefill progress).
+pub(super) fn route_at(
+    shard: &Shard,
+    facts: &RoutingFacts<'_>,
+    now: Instant,
+) -> Result<Decision, GatewayError> {
     let now_ms = shard.shared.ms_at(now);
     let decided = with_fleet(shard, now, |fleet| {
         shard
