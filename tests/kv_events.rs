@@ -21,7 +21,7 @@ use tokenizers::Tokenizer;
 
 const BLOCK: u64 = 4;
 
-/// A word-level tokenizer and a ChatML-style template in a fresh directory.
+/// A word-level tokenizer and a small chat template in a fresh directory.
 fn model_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("radixgate-kvev-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -56,8 +56,10 @@ fn model_dir(name: &str) -> PathBuf {
     t.save(dir.join("tokenizer.json"), false).unwrap();
     std::fs::write(
         dir.join("chat_template.jinja"),
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n\
-         {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        // Content first: each document's chain starts at its own first block, so a
+        // batch lost before the subscription connected does not orphan later ones.
+        "{% for m in messages %}{{ m['content'] }} <|{{ m['role'] }}|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|assistant|>\n{% endif %}",
     )
     .unwrap();
     dir
@@ -116,6 +118,14 @@ fn match_blocks(r: &Response) -> u64 {
         .unwrap()
 }
 
+/// The gateway's matched blocks in tokens, as the engine counts a hit: vLLM always
+/// computes a prompt's last token, so a fully cached prompt of whole blocks reports
+/// one block less (`(prompt_tokens - 1) / block` whole blocks at most).
+fn predicted(r: &Response) -> u64 {
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    match_blocks(r).min((prompt - 1) / BLOCK) * BLOCK
+}
+
 fn kv_metric(gw: &Gateway, name: &str, backend: &str) -> f64 {
     let text = Client::connect(gw.local_addr()).get("/metrics").text();
     metric(
@@ -145,7 +155,9 @@ fn learned(gws: &[&Gateway], first: &Gateway) -> (usize, String) {
             return (seed, backend);
         }
     }
-    panic!("no KV events reached the gateways in five tries");
+    let text = Client::connect(gws[0].local_addr()).get("/metrics").text();
+    let kv: Vec<&str> = text.lines().filter(|l| l.contains("kv_events")).collect();
+    panic!("no KV events reached the gateways in five tries: {kv:#?}");
 }
 
 /// The second request on a learned document: the gateway's predicted blocks times
@@ -163,10 +175,19 @@ fn predicts_exactly(gw: &Gateway, seed: usize, backend: &str) -> u64 {
     let cached = cached_tokens(&r);
     assert!(cached > 0, "the engine had the document cached");
     assert_eq!(
-        match_blocks(&r) * BLOCK,
+        predicted(&r),
         cached,
         "precise mode predicts the engine's hit to the token"
     );
+    // The gateway's own accounting agrees (it counts a hit as vLLM does).
+    let name =
+        |kind: &str| format!("radixgate_cached_tokens_{kind}_total{{backend=\"{backend}\"}}");
+    let agree = eventually(Duration::from_secs(2), || {
+        let text = Client::connect(gw.local_addr()).get("/metrics").text();
+        let p = metric(&text, &name("predicted"));
+        p.is_some() && p == metric(&text, &name("reported"))
+    });
+    assert!(agree, "predicted_total equals reported_total");
     cached
 }
 
@@ -324,7 +345,7 @@ fn a_sequence_gap_is_filled_from_the_replay_socket() {
         );
         assert_eq!(r.status, 200);
         assert!(cached_tokens(&r) > 0);
-        assert_eq!(match_blocks(&r) * BLOCK, cached_tokens(&r), "seed {seed}");
+        assert_eq!(predicted(&r), cached_tokens(&r), "seed {seed}");
     }
     gw.shutdown();
     drop(e);
@@ -372,6 +393,58 @@ fn garbage_on_the_socket_is_counted_never_fatal() {
     // The gateway still serves, and its metrics still answer.
     let r = Client::connect(gw.local_addr()).post("/v1/chat/completions", &chat(1, 8, "w1"), &[]);
     assert_eq!(r.status, 200);
+    gw.shutdown();
+    drop(e);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn evictions_reach_the_gateway_as_block_removed() {
+    let dir = model_dir("evict");
+    let port = free_port();
+    let tokenizer = dir.join("tokenizer.json");
+    // A cache of 16 blocks: a second 40-word document evicts most of the first.
+    let cfg = EngineConfig {
+        block_tokens: BLOCK as usize,
+        cache_blocks: 16,
+        tokenizer: Some(SimTokenizer::load(tokenizer.to_str().unwrap(), None).unwrap()),
+        kv_events: Some(SimKvEvents::new(format!("tcp://127.0.0.1:{port}"))),
+        ..EngineConfig::instant("m")
+    };
+    let e = engine_sim::start(cfg, "127.0.0.1:0".parse().unwrap(), Driver::Epoll).unwrap();
+    let gw = gateway(
+        &dir,
+        &[("e0", &e, format!("kv_events = \"tcp://127.0.0.1:{port}\""))],
+    );
+    let (seed, _) = learned(&[&gw], &gw);
+    let before = kv_metric(&gw, "stored_blocks", "e0");
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat(seed + 100, 40, "w1 w2"),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            kv_metric(&gw, "removed_blocks", "e0") > 0.0
+                && kv_metric(&gw, "stored_blocks", "e0") > before
+        }),
+        "the engine's evictions arrive as BlockRemoved"
+    );
+    // What is left of the first document is predicted to the token, no more.
+    common::wait_replicated(gw.local_addr());
+    let r = Client::connect(gw.local_addr()).post(
+        "/v1/chat/completions",
+        &chat(seed, 40, "w3 w4 w5"),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    let full = 12 * BLOCK; // the first document's whole blocks, had nothing gone
+    assert!(
+        cached_tokens(&r) < full,
+        "part of the first document was evicted"
+    );
+    assert_eq!(predicted(&r), cached_tokens(&r));
     gw.shutdown();
     drop(e);
     std::fs::remove_dir_all(&dir).ok();
