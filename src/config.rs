@@ -432,9 +432,20 @@ struct BackendWire {
     cache_blocks: usize,
     /// Precise mode: the ZeroMQ endpoint this engine publishes its KV-cache events to
     /// (vLLM `--kv-events-config` `endpoint`, e.g. `tcp://127.0.0.1:5557`). The
-    /// gateway binds it and rebuilds this backend's index entries from the events.
+    /// gateway binds it (the engine connects) and rebuilds this backend's index
+    /// entries from the events. One gateway process only: see `kv_events_connect`.
     #[serde(default)]
     kv_events: Option<String>,
+    /// Precise mode, the other direction: the engine binds its PUB socket (vLLM does
+    /// for `tcp://*:N` and `ipc://`) and the gateway connects to it here, so any
+    /// number of gateway replicas can subscribe. Excludes `kv_events`.
+    #[serde(default)]
+    kv_events_connect: Option<String>,
+    /// The engine's replay socket (vLLM `--kv-events-config` `replay_endpoint`, a
+    /// ROUTER the gateway connects to): missed events are asked back from it on a
+    /// sequence gap and at start. Needs `kv_events` or `kv_events_connect`.
+    #[serde(default)]
+    kv_events_replay: Option<String>,
     /// What the engine's model accepts: any of `text`, `image`, `audio`. Requests with
     /// image or audio content parts go only to backends that list them.
     #[serde(default = "default_capabilities")]
@@ -576,6 +587,18 @@ pub struct HealthConfig {
     pub scrape_interval: Option<Duration>,
 }
 
+/// One backend's KV-event subscription (precise mode): `backends[].kv_events`
+/// (bind), or `kv_events_connect` (connect), with `kv_events_replay`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEventsSource {
+    /// The SUB socket's endpoint.
+    pub endpoint: String,
+    /// Connect to `endpoint` (the engine binds) rather than bind it.
+    pub connect: bool,
+    /// The engine's replay ROUTER, connected to.
+    pub replay: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct BackendConfig {
     pub id: String,
@@ -586,8 +609,8 @@ pub struct BackendConfig {
     pub cache_blocks: usize,
     /// `Authorization: Bearer ...` header line for upstream requests, if any.
     pub upstream_auth: Option<String>,
-    /// The KV-event endpoint to bind (precise mode).
-    pub kv_events: Option<String>,
+    /// Where its KV events come from (precise mode).
+    pub kv_events: Option<KvEventsSource>,
     /// Modalities the backend's model accepts (`backends[].capabilities`).
     pub capabilities: radixgate_orchestrator::Capabilities,
     /// Its part in a split prefill/decode pool.
@@ -783,6 +806,7 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
     };
     let role = disagg::validate_role(&b.role, b.bootstrap_port, at, errors);
     let file = serde_json::to_value(&b).unwrap_or_default();
+    let kv_events = kv_events_source(&b, at, errors);
     BackendConfig {
         file,
         role,
@@ -792,7 +816,7 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
         host,
         models: b.models,
         cache_blocks: b.cache_blocks,
-        kv_events: b.kv_events,
+        kv_events,
         capabilities,
         upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
             Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
@@ -812,10 +836,11 @@ impl BackendConfig {
             .map_err(|e| ConfigErrors(vec![format!("backend: {e}")]))?;
         let mut errors = Vec::new();
         let backend = validate_backend(wire, "backend", &mut errors);
-        if backend.kv_events.is_some() {
+        if backend.kv_events.is_some() || wire_has_replay(body) {
             errors.push(
-                "backend.kv_events: KV-event subscriptions are bound at start; add this \
-                 backend to the config file and restart"
+                "backend.kv_events: KV-event subscriptions (kv_events, kv_events_connect, \
+                 kv_events_replay) are set up at start; add this backend to the config file \
+                 and restart"
                     .into(),
             );
         }
@@ -825,6 +850,75 @@ impl BackendConfig {
             Err(ConfigErrors(errors))
         }
     }
+}
+
+/// Whether an admin-API backend body names `kv_events_replay` (alone it makes no
+/// subscription, but it is refused with the others).
+fn wire_has_replay(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| {
+        !v.get("kv_events_replay")
+            .unwrap_or(&serde_json::Value::Null)
+            .is_null()
+    })
+}
+
+/// `kv_events` / `kv_events_connect` / `kv_events_replay` as one subscription, with
+/// the checks that need no other section (precise mode is checked later).
+fn kv_events_source(b: &BackendWire, at: &str, errors: &mut Vec<String>) -> Option<KvEventsSource> {
+    let zmq_endpoint = |key: &str, endpoint: &str, errors: &mut Vec<String>| {
+        if !(endpoint.starts_with("tcp://") || endpoint.starts_with("ipc://")) {
+            errors.push(format!(
+                "{at}.{key}: `{endpoint}` is not a tcp:// or ipc:// endpoint"
+            ));
+        }
+    };
+    let (endpoint, connect) = match (&b.kv_events, &b.kv_events_connect) {
+        (Some(_), Some(_)) => {
+            errors.push(format!(
+                "{at}.kv_events_connect: excludes kv_events; kv_events is bound by the \
+                 gateway (the engine connects to it, one gateway only), kv_events_connect \
+                 is connected to (the engine binds it, any number of gateways): set one"
+            ));
+            return None;
+        }
+        (Some(e), None) => (e.clone(), false),
+        (None, Some(e)) => (e.clone(), true),
+        (None, None) => {
+            if b.kv_events_replay.is_some() {
+                errors.push(format!(
+                    "{at}.kv_events_replay: needs kv_events or kv_events_connect (replay \
+                     fills gaps in an event subscription)"
+                ));
+            }
+            return None;
+        }
+    };
+    let key = if connect {
+        "kv_events_connect"
+    } else {
+        "kv_events"
+    };
+    zmq_endpoint(key, &endpoint, errors);
+    if connect && endpoint.contains('*') {
+        errors.push(format!(
+            "{at}.kv_events_connect: `{endpoint}` is a wildcard; connect to the engine's \
+             host (the engine binds tcp://*:PORT, the gateway connects to tcp://HOST:PORT)"
+        ));
+    }
+    if let Some(replay) = &b.kv_events_replay {
+        zmq_endpoint("kv_events_replay", replay, errors);
+        if replay.contains('*') {
+            errors.push(format!(
+                "{at}.kv_events_replay: `{replay}` is a wildcard; the gateway connects to \
+                 the engine's replay socket at tcp://HOST:PORT"
+            ));
+        }
+    }
+    Some(KvEventsSource {
+        endpoint,
+        connect,
+        replay: b.kv_events_replay.clone(),
+    })
 }
 
 fn millis(ms: u64, key: &str, errors: &mut Vec<String>) -> Duration {
@@ -1180,18 +1274,18 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         );
     }
     for (i, b) in backends.iter().enumerate() {
-        let Some(endpoint) = &b.kv_events else {
+        let Some(source) = &b.kv_events else {
             continue;
+        };
+        let key = if source.connect {
+            "kv_events_connect"
+        } else {
+            "kv_events"
         };
         if !precise {
             errors.push(format!(
-                "backends[{i}].kv_events: needs routing.hashing = \"precise\" (events are \
+                "backends[{i}].{key}: needs routing.hashing = \"precise\" (events are \
                  matched by the engine's own token blocks)"
-            ));
-        }
-        if !(endpoint.starts_with("tcp://") || endpoint.starts_with("ipc://")) {
-            errors.push(format!(
-                "backends[{i}].kv_events: `{endpoint}` is not a tcp:// or ipc:// endpoint"
             ));
         }
     }
@@ -1578,6 +1672,62 @@ mod tests {
         .to_string();
         assert!(
             err.contains("precise mode needs tenancy.prefix_isolation"),
+            "{err}"
+        );
+        // kv_events_connect: the gateway connects (the engine binds); one of the two.
+        let with_keys = |keys: &str| {
+            Config::from_toml(&format!(
+                "[routing]\n{precise}\n[[backends]]\nid = \"b0\"\n\
+                 url = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n{keys}\n"
+            ))
+        };
+        let c = with_keys(
+            "kv_events_connect = \"tcp://10.0.0.5:5557\"\nkv_events_replay = \"tcp://10.0.0.5:5558\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.backends[0].kv_events,
+            Some(KvEventsSource {
+                endpoint: "tcp://10.0.0.5:5557".into(),
+                connect: true,
+                replay: Some("tcp://10.0.0.5:5558".into()),
+            })
+        );
+        let c = with_keys("kv_events = \"tcp://127.0.0.1:5557\"").unwrap();
+        assert!(!c.backends[0].kv_events.as_ref().unwrap().connect);
+        for (keys, expected) in [
+            (
+                "kv_events = \"tcp://127.0.0.1:1\"\nkv_events_connect = \"tcp://127.0.0.1:1\"",
+                "backends[0].kv_events_connect: excludes kv_events",
+            ),
+            (
+                "kv_events_replay = \"tcp://127.0.0.1:1\"",
+                "backends[0].kv_events_replay: needs kv_events or kv_events_connect",
+            ),
+            (
+                "kv_events_connect = \"tcp://*:5557\"",
+                "backends[0].kv_events_connect: `tcp://*:5557` is a wildcard",
+            ),
+            (
+                "kv_events_connect = \"http://x\"",
+                "backends[0].kv_events_connect: `http://x` is not a tcp:// or ipc://",
+            ),
+            (
+                "kv_events_connect = \"ipc:///tmp/e\"\nkv_events_replay = \"udp://x\"",
+                "backends[0].kv_events_replay: `udp://x` is not a tcp:// or ipc://",
+            ),
+        ] {
+            let err = with_keys(keys).unwrap_err().to_string();
+            assert!(err.contains(expected), "{keys}: {err}");
+        }
+        let err = Config::from_toml(
+            "[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n\
+             kv_events_connect = \"tcp://127.0.0.1:1\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("backends[0].kv_events_connect: needs routing.hashing"),
             "{err}"
         );
         // The admin API cannot add a subscription at run time.

@@ -378,12 +378,8 @@ fn kv_subscriptions(
         .iter()
         .enumerate()
         .filter_map(|(i, b)| {
-            let endpoint = b.kv_events.clone()?;
-            Some(crate::kv_events::Subscription::new(
-                i,
-                endpoint,
-                &b.models[0],
-            ))
+            let source = b.kv_events.clone()?;
+            Some(crate::kv_events::Subscription::new(i, source, &b.models[0]))
         })
         .collect();
     (!subs.is_empty()).then_some((subs, *block_tokens))

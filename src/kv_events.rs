@@ -1,12 +1,15 @@
 //! Precise mode's other half: the engines' own word on what their KV caches hold.
 //!
 //! vLLM publishes KV-cache events over ZeroMQ (`--kv-events-config`, publisher
-//! `zmq`). For a concrete `tcp://127.0.0.1:N` endpoint the engine *connects* its PUB
-//! socket, so this side binds a SUB socket there, one per backend with
-//! `backends[].kv_events`, all polled by one thread (`radixgate-kv`), off the shards.
-//! Each message has three frames: topic, an 8-byte big-endian sequence number, and a
-//! msgpack `[ts, [event, ...], dp_rank]`. vLLM 0.32 sends each event as a map with a
-//! `type` key; older releases as a positional array tagged by name; both are read:
+//! `zmq`). Who binds is vLLM's rule: for a concrete `tcp://HOST:N` endpoint the engine
+//! *connects* its PUB socket, so this side binds a SUB socket there
+//! (`backends[].kv_events`, one gateway process only); for `tcp://*:N` or `ipc://`
+//! the engine binds and this side connects (`backends[].kv_events_connect`), as any
+//! number of gateway replicas can. All sockets are polled by one thread
+//! (`radixgate-kv`), off the shards. Each message has three frames: topic, an 8-byte
+//! big-endian sequence number, and a msgpack `[ts, [event, ...], dp_rank]` (or the
+//! same as a map). vLLM 0.32 sends each event as a map with a `type` key; older
+//! releases as a positional array tagged by name; both are read:
 //!
 //! - `BlockStored` (`block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, ..):
 //!   the engine computed these blocks. Their tokens are re-hashed with the gateway's
@@ -18,17 +21,26 @@
 //! - `AllBlocksCleared`: the backend's entries are dropped.
 //!
 //! Engine block hashes (bytes or integers) are mapped to the gateway's chains per
-//! backend. A gap in sequence numbers means lost events: the backend's entries are
-//! dropped (marked stale) and rebuilt from the events that follow, while routing-time
-//! inserts keep serving in between. Changes go to the coordinator as ordinary
-//! [`IndexEvent`]s, so every shard's replica gets them the usual way.
+//! backend. A gap in sequence numbers means lost events. With
+//! `backends[].kv_events_replay` (vLLM's `replay_endpoint`, a ROUTER) a DEALER asks
+//! for them back as vLLM's `_service_replay` expects: `["", start_seq]`; the answer
+//! is `["", seq, payload]` per buffered batch, then `["", -1, ""]`. Live messages are
+//! held meanwhile and applied after (those the replay covered are skipped). At start
+//! a replay from 0 catches up with what the engine still buffers. Without a replay
+//! socket, or when it does not end its answer within [`REPLAY_TIMEOUT`], or when its
+//! buffer no longer reaches back to the gap, the backend's entries are dropped (marked
+//! stale) and rebuilt from the events that follow, while routing-time inserts keep
+//! serving in between. Nothing here waits on a socket: replies are polled with the
+//! subscriptions. Changes go to the coordinator as ordinary [`IndexEvent`]s, so
+//! every shard's replica gets them the usual way.
 
+use crate::config::KvEventsSource;
 use crate::replica::{IndexEvent, IndexOp, Origin};
 use crate::shard::Shared;
 use crossbeam_channel::{Receiver, TryRecvError};
 use radixgate_orchestrator::{model_seed, BackendIdx, PromptHasher};
 use rmpv::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,14 +49,29 @@ use std::time::{Duration, Instant};
 /// How long one poll waits before checking for shutdown.
 const POLL_MS: i64 = 200;
 
+/// How long a replay request may take (to its end marker) before the gap is handled
+/// as if there were no replay socket: the backend's entries are dropped.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Live messages held back while a replay is under way; beyond this the replay is
+/// given up (as on a timeout).
+const MAX_HELD: usize = 10_000;
+
+/// vLLM's end-of-replay marker: sequence -1 as 8 big-endian bytes, empty payload.
+pub const END_SEQ: [u8; 8] = [0xff; 8];
+
 /// Per-backend counters, written by the `radixgate-kv` thread, read at scrape time.
 #[derive(Default)]
 pub struct KvEventCounters {
     pub stored_blocks: AtomicU64,
     pub removed_blocks: AtomicU64,
     pub cleared: AtomicU64,
-    /// Sequence gaps seen (each drops the backend's entries: stale, then rebuilt).
+    /// Sequence gaps seen and not filled by a replay (each drops the backend's
+    /// entries: stale, then rebuilt).
     pub gaps: AtomicU64,
+    /// Messages (event batches) received from the engine's replay socket and applied:
+    /// gaps filled, or history caught up at start.
+    pub replayed: AtomicU64,
     /// Messages or events that did not decode, or stored blocks whose parent was
     /// unknown.
     pub rejected: AtomicU64,
@@ -53,80 +80,350 @@ pub struct KvEventCounters {
 /// One subscription: which backend, where, and its model's hash seed.
 pub struct Subscription {
     pub backend: BackendIdx,
-    pub endpoint: String,
+    pub source: KvEventsSource,
     pub seed: u64,
 }
 
 impl Subscription {
-    pub fn new(backend: BackendIdx, endpoint: String, model: &str) -> Self {
+    pub fn new(backend: BackendIdx, source: KvEventsSource, model: &str) -> Self {
         Self {
             backend,
-            endpoint,
+            source,
             seed: model_seed(model),
         }
     }
 }
 
-/// Binds every subscription (errors here fail start-up) and returns the thread body.
-pub fn bind(subs: Vec<Subscription>) -> Result<Vec<(Subscription, zmq::Socket)>, String> {
+/// The subscriptions' sockets, bound or connected, and their ZeroMQ context (the
+/// replay sockets are made from it).
+pub struct Sockets {
+    ctx: zmq::Context,
+    subs: Vec<(Subscription, zmq::Socket)>,
+}
+
+/// Binds (`kv_events`) or connects (`kv_events_connect`) every subscription's SUB
+/// socket; errors here fail start-up. A connected socket needs no engine yet:
+/// ZeroMQ connects, and reconnects, in the background.
+pub fn bind(subs: Vec<Subscription>) -> Result<Sockets, String> {
     let ctx = zmq::Context::new();
-    subs.into_iter()
+    let subs = subs
+        .into_iter()
         .map(|s| {
             let socket = ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
+            let endpoint = &s.source.endpoint;
             socket
                 .set_subscribe(b"")
                 .and_then(|_| socket.set_rcvhwm(100_000))
-                .and_then(|_| socket.bind(&s.endpoint))
-                .map_err(|e| format!("kv_events: cannot bind `{}`: {e}", s.endpoint))?;
+                .and_then(|_| socket.set_reconnect_ivl_max(2_000))
+                .map_err(|e| e.to_string())?;
+            if s.source.connect {
+                socket
+                    .connect(endpoint)
+                    .map_err(|e| format!("kv_events_connect: cannot connect `{endpoint}`: {e}"))?;
+            } else {
+                socket
+                    .bind(endpoint)
+                    .map_err(|e| format!("kv_events: cannot bind `{endpoint}`: {e}"))?;
+            }
+            if let Some(replay) = &s.source.replay {
+                // Checked now so a malformed endpoint fails start-up, not the thread.
+                replay_socket(&ctx, replay)?;
+            }
             Ok((s, socket))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok(Sockets { ctx, subs })
+}
+
+/// A DEALER connected to an engine's replay ROUTER (never blocks: unsent requests
+/// are dropped when it closes).
+fn replay_socket(ctx: &zmq::Context, endpoint: &str) -> Result<zmq::Socket, String> {
+    let socket = ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
+    socket
+        .set_linger(0)
+        .and_then(|_| socket.set_rcvhwm(0))
+        .and_then(|_| socket.set_reconnect_ivl_max(2_000))
+        .map_err(|e| e.to_string())?;
+    socket
+        .connect(endpoint)
+        .map_err(|e| format!("kv_events_replay: cannot connect `{endpoint}`: {e}"))?;
+    Ok(socket)
+}
+
+/// A replay under way: live messages wait in `held` until the replay's end marker
+/// (or its deadline).
+struct Pending {
+    deadline: Instant,
+    /// At start (nothing seen yet): a replay that does not answer is no gap.
+    at_start: bool,
+    held: VecDeque<Vec<Vec<u8>>>,
+    /// The highest sequence applied from the replay.
+    replayed_to: Option<u64>,
+}
+
+/// One backend's sockets and state on the `radixgate-kv` thread.
+struct Link {
+    state: BackendState,
+    sub: zmq::Socket,
+    /// The replay endpoint and its socket (made on first use, remade after a
+    /// timeout so a late answer cannot mix with the next one).
+    replay: Option<(String, Option<zmq::Socket>)>,
+    pending: Option<Pending>,
 }
 
 /// The `radixgate-kv` thread: polls the sockets until `stop` disconnects.
 #[allow(clippy::disallowed_methods)] // its own thread, never a shard
-pub fn run(
-    sockets: Vec<(Subscription, zmq::Socket)>,
-    block_tokens: NonZeroUsize,
-    shared: Arc<Shared>,
-    stop: Receiver<()>,
-) {
+pub fn run(sockets: Sockets, block_tokens: NonZeroUsize, shared: Arc<Shared>, stop: Receiver<()>) {
+    let Sockets { ctx, subs } = sockets;
     let index = shared.index_events.clone();
     let counters = shared.kv_events.clone();
-    let mut states: Vec<BackendState> = sockets
-        .iter()
-        .map(|(s, _)| BackendState::new(s.backend, s.seed, block_tokens))
+    let send = |ops: Vec<IndexOp>| {
+        for op in ops {
+            let _ = index.send(IndexEvent {
+                origin: Origin::Local,
+                created: Instant::now(),
+                op,
+            });
+        }
+    };
+    let mut links: Vec<Link> = subs
+        .into_iter()
+        .map(|(s, sub)| Link {
+            state: BackendState::new(s.backend, s.seed, block_tokens),
+            sub,
+            replay: s.source.replay.map(|e| (e, None)),
+            pending: None,
+        })
         .collect();
+    // At start, ask every replay socket for what it still holds.
+    for link in &mut links {
+        if link.replay.is_some() {
+            link.request_replay(&ctx, 0, true);
+        }
+    }
     let mut frames = Vec::new();
     while matches!(stop.try_recv(), Err(TryRecvError::Empty)) {
-        let mut items: Vec<zmq::PollItem> = sockets
+        let now = Instant::now();
+        let wait = links
             .iter()
-            .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
-            .collect();
-        if zmq::poll(&mut items, POLL_MS).is_err() {
+            .filter_map(|l| l.pending.as_ref())
+            .map(|p| p.deadline.saturating_duration_since(now).as_millis() as i64 + 1)
+            .fold(POLL_MS, i64::min);
+        // Each link's SUB socket, then its replay socket while a replay is pending.
+        let mut items: Vec<zmq::PollItem> = Vec::with_capacity(links.len() * 2);
+        let mut owner = Vec::with_capacity(links.len() * 2);
+        for (k, l) in links.iter().enumerate() {
+            items.push(l.sub.as_poll_item(zmq::POLLIN));
+            owner.push((k, false));
+            if let (Some(_), Some((_, Some(r)))) = (&l.pending, &l.replay) {
+                items.push(r.as_poll_item(zmq::POLLIN));
+                owner.push((k, true));
+            }
+        }
+        if zmq::poll(&mut items, wait).is_err() {
             std::thread::sleep(Duration::from_millis(POLL_MS as u64));
             continue;
         }
-        let ready: Vec<bool> = items.iter().map(|i| i.is_readable()).collect();
-        for (k, ((_, socket), state)) in sockets.iter().zip(&mut states).enumerate() {
-            if !ready[k] {
+        let ready: Vec<(usize, bool)> = items
+            .iter()
+            .zip(&owner)
+            .filter(|(i, _)| i.is_readable())
+            .map(|(_, o)| *o)
+            .collect();
+        drop(items);
+        let now_ms = shared.now_ms();
+        for (k, replay) in ready {
+            let link = &mut links[k];
+            let c = &counters[link.state.backend];
+            if replay {
+                send(link.on_replay_ready(c, now_ms));
                 continue;
             }
-            let c = &counters[state.backend];
             // Drain what is queued without blocking.
-            while let Ok(msg) = socket.recv_multipart(zmq::DONTWAIT) {
+            while let Ok(msg) = link.sub.recv_multipart(zmq::DONTWAIT) {
                 frames.clear();
                 frames.extend(msg);
-                for op in state.on_message(&frames, c, shared.now_ms()) {
-                    let _ = index.send(IndexEvent {
-                        origin: Origin::Local,
-                        created: Instant::now(),
-                        op,
-                    });
-                }
+                send(link.on_live(&ctx, &mut frames, c, now_ms));
+            }
+        }
+        let now = Instant::now();
+        for link in &mut links {
+            if link.pending.as_ref().is_some_and(|p| p.deadline <= now) {
+                let c = &counters[link.state.backend];
+                send(link.give_up_replay(c, shared.now_ms()));
             }
         }
     }
+}
+
+impl Link {
+    /// Sends a replay request from `from` and starts holding live messages.
+    fn request_replay(&mut self, ctx: &zmq::Context, from: u64, at_start: bool) -> bool {
+        let Some((endpoint, socket)) = &mut self.replay else {
+            return false;
+        };
+        if socket.is_none() {
+            match replay_socket(ctx, endpoint) {
+                Ok(s) => *socket = Some(s),
+                Err(e) => {
+                    tracing::warn!(backend = self.state.backend, error = %e, "KV-event replay socket");
+                    return false;
+                }
+            }
+        }
+        let Some(s) = socket else {
+            return false;
+        };
+        // A DEALER speaks to vLLM's ROUTER as a REQ would: an empty delimiter frame,
+        // then the starting sequence number (8 bytes, big-endian).
+        let request: [&[u8]; 2] = [b"", &from.to_be_bytes()];
+        if s.send_multipart(request, zmq::DONTWAIT).is_err() {
+            return false;
+        }
+        tracing::debug!(
+            backend = self.state.backend,
+            from,
+            "KV-event replay requested"
+        );
+        self.pending = Some(Pending {
+            deadline: Instant::now() + REPLAY_TIMEOUT,
+            at_start,
+            held: VecDeque::new(),
+            replayed_to: None,
+        });
+        true
+    }
+
+    /// One live message: applied, held while a replay is pending, or (a gap with a
+    /// replay socket) held while the missing sequence numbers are asked back.
+    fn on_live(
+        &mut self,
+        ctx: &zmq::Context,
+        frames: &mut Vec<Vec<u8>>,
+        c: &KvEventCounters,
+        now_ms: u64,
+    ) -> Vec<IndexOp> {
+        if let Some(p) = &mut self.pending {
+            if p.held.len() >= MAX_HELD {
+                let mut ops = self.give_up_replay(c, now_ms);
+                ops.extend(self.state.on_message(frames, c, now_ms));
+                return ops;
+            }
+            p.held.push_back(std::mem::take(frames));
+            return Vec::new();
+        }
+        if let (Some(seq), Some(last)) = (seq_of(frames), self.state.last_seq) {
+            // Only forward gaps are asked back: a sequence that went backwards is an
+            // engine that restarted (its cache is empty anyway).
+            if seq > last.wrapping_add(1)
+                && seq > last
+                && self.request_replay(ctx, last.wrapping_add(1), false)
+            {
+                if let Some(p) = &mut self.pending {
+                    p.held.push_back(std::mem::take(frames));
+                }
+                return Vec::new();
+            }
+        }
+        self.state.on_message(frames, c, now_ms)
+    }
+
+    /// Reads what the replay socket has: buffered batches, then the end marker.
+    fn on_replay_ready(&mut self, c: &KvEventCounters, now_ms: u64) -> Vec<IndexOp> {
+        let mut ops = Vec::new();
+        loop {
+            let Some((_, Some(socket))) = &self.replay else {
+                return ops;
+            };
+            let Ok(mut msg) = socket.recv_multipart(zmq::DONTWAIT) else {
+                return ops;
+            };
+            // [empty delimiter, seq, payload] (the ROUTER's identity is gone).
+            if msg.first().is_some_and(Vec::is_empty) {
+                msg.remove(0);
+            }
+            let Some(p) = &mut self.pending else {
+                continue; // a late answer to a replay already given up: dropped
+            };
+            if msg.first().is_some_and(|s| s.as_slice() == END_SEQ) {
+                ops.extend(self.finish_replay(c, now_ms));
+                return ops;
+            }
+            let Some(seq) = msg
+                .first()
+                .and_then(|s| <[u8; 8]>::try_from(s.as_slice()).ok())
+            else {
+                c.rejected.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let seq = u64::from_be_bytes(seq);
+            if self.state.last_seq.is_some_and(|last| seq <= last) {
+                continue; // already applied
+            }
+            p.replayed_to = Some(seq);
+            // The state sees it as a live message would come: [topic, seq, payload].
+            let mut frames = Vec::with_capacity(3);
+            frames.push(Vec::new());
+            frames.extend(msg);
+            let filled = self
+                .state
+                .last_seq
+                .is_none_or(|last| seq == last.wrapping_add(1));
+            if filled {
+                c.replayed.fetch_add(1, Ordering::Relaxed);
+            }
+            ops.extend(self.state.on_message(&frames, c, now_ms));
+        }
+    }
+
+    /// The replay ended: the held live messages follow (those the replay already
+    /// covered are skipped; a gap left between them is handled as without replay).
+    fn finish_replay(&mut self, c: &KvEventCounters, now_ms: u64) -> Vec<IndexOp> {
+        let mut ops = Vec::new();
+        let Some(p) = self.pending.take() else {
+            return ops;
+        };
+        for frames in p.held {
+            let covered = match (seq_of(&frames), p.replayed_to) {
+                (Some(seq), Some(to)) => seq <= to,
+                _ => false,
+            };
+            if !covered {
+                ops.extend(self.state.on_message(&frames, c, now_ms));
+            }
+        }
+        ops
+    }
+
+    /// The replay did not answer in time: as without one, a gap drops the backend's
+    /// entries (not at start: nothing was known), then the held messages apply.
+    fn give_up_replay(&mut self, c: &KvEventCounters, now_ms: u64) -> Vec<IndexOp> {
+        let mut ops = Vec::new();
+        let Some(p) = self.pending.take() else {
+            return ops;
+        };
+        tracing::debug!(
+            backend = self.state.backend,
+            "KV-event replay gave no answer in time"
+        );
+        if let Some((_, socket)) = &mut self.replay {
+            *socket = None; // a late answer must not mix with the next request's
+        }
+        if !p.at_start && p.replayed_to.is_none() {
+            ops.extend(self.state.gap(c));
+        }
+        self.pending = Some(p);
+        ops.extend(self.finish_replay(c, now_ms));
+        ops
+    }
+}
+
+/// The sequence number of a live message, if it has one.
+fn seq_of(frames: &[Vec<u8>]) -> Option<u64> {
+    let seq = frames.get(1)?;
+    <[u8; 8]>::try_from(seq.as_slice())
+        .ok()
+        .map(u64::from_be_bytes)
 }
 
 /// What the gateway knows of one engine's cache: engine block hash → (the gateway's
@@ -148,6 +445,16 @@ impl BackendState {
             last_seq: None,
             hasher: PromptHasher::for_tokens(block_tokens),
         }
+    }
+
+    /// Events were lost: drops what is known of this backend (counted as a gap).
+    fn gap(&mut self, c: &KvEventCounters) -> Option<IndexOp> {
+        c.gaps.fetch_add(1, Ordering::Relaxed);
+        self.blocks.clear();
+        self.last_seq = None;
+        Some(IndexOp::Clear {
+            backend: self.backend,
+        })
     }
 
     /// Decodes one message and returns the index changes it implies.
@@ -177,22 +484,16 @@ impl BackendState {
         {
             // Lost events: what we hold for this backend may be wrong. Drop it all
             // and rebuild from here on.
-            c.gaps.fetch_add(1, Ordering::Relaxed);
-            self.blocks.clear();
-            ops.push(IndexOp::Clear {
-                backend: self.backend,
-            });
+            ops.extend(self.gap(c));
         }
         self.last_seq = Some(seq);
         let Ok(batch) = rmpv::decode::read_value(&mut payload.as_slice()) else {
             reject("payload is not msgpack");
             return ops;
         };
-        let Some(events) = batch
-            .as_array()
-            .and_then(|b| b.get(1))
-            .and_then(Value::as_array)
-        else {
+        // `[ts, [events], dp_rank]`, or the same as a map (`ts`, `events`,
+        // `data_parallel_rank`) as msgspec writes a struct without `array_like`.
+        let Some(events) = Event(&batch).field("events", 1).and_then(Value::as_array) else {
             reject("payload is not [ts, [events], ..]");
             return ops;
         };
@@ -488,6 +789,115 @@ mod tests {
         let cleared = Value::Array(vec![Value::from("AllBlocksCleared")]);
         let ops = s.on_message(&message(11, vec![cleared]), &c, 0);
         assert!(matches!(ops[..], [IndexOp::Clear { backend: 1 }]));
+    }
+
+    fn link(endpoint: &str) -> (zmq::Context, Link) {
+        let ctx = zmq::Context::new();
+        let sub = ctx.socket(zmq::SUB).unwrap();
+        let link = Link {
+            state: BackendState::new(0, model_seed("m"), NonZeroUsize::new(4).unwrap()),
+            sub,
+            replay: Some((endpoint.to_string(), None)),
+            pending: None,
+        };
+        (ctx, link)
+    }
+
+    /// Reads the link's replay socket until its replay ends (or `limit`).
+    fn drive_replay(link: &mut Link, c: &KvEventCounters, limit: Duration) -> Vec<IndexOp> {
+        let end = Instant::now() + limit;
+        let mut ops = Vec::new();
+        while link.pending.is_some() && Instant::now() < end {
+            if let Some((_, Some(s))) = &link.replay {
+                let _ = s.poll(zmq::POLLIN, 20);
+            }
+            ops.extend(link.on_replay_ready(c, 0));
+        }
+        ops
+    }
+
+    #[test]
+    fn a_gap_is_filled_from_a_vllm_style_replay_router() {
+        let c = KvEventCounters::default();
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = router.get_last_endpoint().unwrap().unwrap();
+        let (lctx, mut link) = link(&endpoint);
+        let ids: Vec<u32> = (0..16).collect();
+        let batches: Vec<Vec<Vec<u8>>> = (0..4)
+            .map(|k| {
+                let parent = (k > 0).then(|| 10 + k as u64 - 1);
+                message(
+                    1 + k as u64,
+                    vec![stored(&[10 + k as u64], parent, &ids[4 * k..4 * k + 4])],
+                )
+            })
+            .collect();
+        assert_eq!(
+            inserted(&link.on_live(&lctx, &mut batches[0].clone(), &c, 0)).len(),
+            1
+        );
+        // Seq 2 and 3 are lost; 4 arrives: held, and 2.. asked back.
+        assert!(link
+            .on_live(&lctx, &mut batches[3].clone(), &c, 0)
+            .is_empty());
+        assert!(link.pending.is_some());
+        // The engine's side, as vLLM's `_service_replay` answers.
+        let request = router.recv_multipart(0).unwrap();
+        assert_eq!(request.len(), 3, "identity, empty delimiter, start seq");
+        assert!(request[1].is_empty());
+        assert_eq!(request[2], 2u64.to_be_bytes());
+        for b in &batches[1..] {
+            router
+                .send_multipart([&request[0][..], b"", &b[1], &b[2]], 0)
+                .unwrap();
+        }
+        router
+            .send_multipart([&request[0][..], b"", &END_SEQ[..], b""], 0)
+            .unwrap();
+        let ops = drive_replay(&mut link, &c, Duration::from_secs(5));
+        assert!(link.pending.is_none(), "replay ended");
+        // 2 and 3 from the replay; 4 replayed too (already held live: applied once).
+        let chains = inserted(&ops);
+        assert_eq!(chains.len(), 3, "{ops:?}");
+        assert_eq!(chains[2], request_blocks(model_seed("m"), &ids));
+        assert_eq!(c.gaps.load(Ordering::Relaxed), 0);
+        assert_eq!(c.replayed.load(Ordering::Relaxed), 3);
+        assert_eq!(c.rejected.load(Ordering::Relaxed), 0);
+        assert_eq!(link.state.last_seq, Some(4));
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a test thread, not a shard
+    fn a_replay_that_does_not_answer_falls_back_to_clearing() {
+        let c = KvEventCounters::default();
+        // Bound once to find a free port, then closed: nothing answers there.
+        let probe = zmq::Context::new().socket(zmq::ROUTER).unwrap();
+        probe.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = probe.get_last_endpoint().unwrap().unwrap();
+        drop(probe);
+        let (lctx, mut link) = link(&endpoint);
+        let ids: Vec<u32> = (0..8).collect();
+        let first = message(1, vec![stored(&[10], None, &ids[..4])]);
+        link.on_live(&lctx, &mut first.clone(), &c, 0);
+        let mut late = message(5, vec![stored(&[20], None, &ids[4..])]);
+        assert!(link.on_live(&lctx, &mut late, &c, 0).is_empty());
+        assert!(drive_replay(&mut link, &c, Duration::from_millis(300)).is_empty());
+        std::thread::sleep(REPLAY_TIMEOUT);
+        let ops = link.give_up_replay(&c, 0);
+        assert!(matches!(ops[0], IndexOp::Clear { backend: 0 }), "{ops:?}");
+        assert_eq!(
+            inserted(&ops).len(),
+            1,
+            "the held message applies after the clear"
+        );
+        assert_eq!(c.gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(c.replayed.load(Ordering::Relaxed), 0);
+        assert!(
+            link.replay.as_ref().unwrap().1.is_none(),
+            "socket remade next time"
+        );
     }
 
     #[test]

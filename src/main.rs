@@ -52,7 +52,7 @@ enum Command {
         bus: Option<String>,
     },
     /// Run one simulated vLLM-compatible engine.
-    EngineSim(EngineArgs),
+    EngineSim(Box<EngineArgs>),
     /// Print the SHA-256 hex digest of an API key, for `[[tenants]] keys`.
     HashKey {
         /// The key (or `-` to read it from stdin, keeping it out of shell history).
@@ -122,6 +122,30 @@ struct EngineArgs {
     /// I/O driver: auto, io_uring or epoll.
     #[arg(long, default_value = "auto")]
     io: String,
+    /// Tokenize prompts as vLLM does with this tokenizer.json (and its chat
+    /// template), so blocks match a precise-mode gateway's.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// The chat template (Jinja file or tokenizer_config.json); default: the one
+    /// beside --tokenizer.
+    #[arg(long, requires = "tokenizer")]
+    chat_template: Option<String>,
+    /// Publish KV-cache events as vLLM does to this ZeroMQ endpoint: bound for
+    /// tcp://*:PORT and ipc://, connected for tcp://HOST:PORT.
+    #[arg(long)]
+    kv_events: Option<String>,
+    /// vLLM's replay_endpoint: a ROUTER bound here answers replay requests.
+    #[arg(long, requires = "kv_events")]
+    kv_events_replay: Option<String>,
+    /// The first frame of every KV-event message (vLLM's topic).
+    #[arg(long, default_value = "", requires = "kv_events")]
+    kv_events_topic: String,
+    /// Batches kept for replay (vLLM's buffer_steps).
+    #[arg(long, default_value_t = 10_000)]
+    kv_events_buffer: usize,
+    /// Tests: every Nth KV-event batch is buffered for replay but not sent.
+    #[arg(long, default_value_t = 0)]
+    kv_events_lose_every: u64,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -300,6 +324,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EngineSim(a) => {
+            let a = *a;
             init_logging("info", false);
             let io = match a.io.as_str() {
                 "auto" => IoMode::Auto,
@@ -329,7 +354,25 @@ fn main() -> ExitCode {
                 fixed_delay: Duration::from_micros(a.fixed_delay_us),
                 disagg: None,
                 bootstrap_port: a.bootstrap_port,
+                tokenizer: None,
+                kv_events: a.kv_events.map(|endpoint| engine_sim::SimKvEvents {
+                    endpoint,
+                    replay: a.kv_events_replay,
+                    topic: a.kv_events_topic,
+                    buffer_steps: a.kv_events_buffer,
+                    lose_every: a.kv_events_lose_every,
+                }),
             };
+            let mut cfg = cfg;
+            if let Some(path) = &a.tokenizer {
+                match engine_sim::SimTokenizer::load(path, a.chat_template.as_deref()) {
+                    Ok(t) => cfg.tokenizer = Some(t),
+                    Err(e) => {
+                        eprintln!("--tokenizer: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             let role = match Role::parse(&a.role) {
                 Some(r) => r,
                 None => {
@@ -340,7 +383,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let mut cfg = cfg;
+
             if role != Role::Both {
                 match parse_protocol(&a.protocol) {
                     Ok(p) => cfg.disagg = Some(engine_sim::SimDisagg::new(role, p)),

@@ -618,7 +618,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         f.row(backend(id), Value::Int(up));
     }
     type KvRead = fn(&crate::kv_events::KvEventCounters) -> &std::sync::atomic::AtomicU64;
-    let kv_counters: [(&'static str, &'static str, KvRead); 5] = [
+    let kv_counters: [(&'static str, &'static str, KvRead); 6] = [
         (
             "radixgate_kv_events_stored_blocks_total",
             "Blocks the engine reported stored (precise mode KV events).",
@@ -638,6 +638,11 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             "radixgate_kv_events_gaps_total",
             "Sequence gaps: events lost, the backend's entries dropped and rebuilt.",
             |c| &c.gaps,
+        ),
+        (
+            "radixgate_kv_events_replayed_total",
+            "Event batches got back from the engine's replay socket (gaps filled, history at start).",
+            |c| &c.replayed,
         ),
         (
             "radixgate_kv_events_rejected_total",

@@ -104,7 +104,14 @@ fn keep_restart_only(config: &mut Config, running: &Config, running_backends: &[
             .iter()
             .find(|r| r.id == b.id)
             .and_then(|r| r.kv_events.clone());
-        b.file["kv_events"] = json!(kv_events);
+        let (bind, connect, replay) = match &kv_events {
+            Some(k) if k.connect => (None, Some(&k.endpoint), k.replay.as_ref()),
+            Some(k) => (Some(&k.endpoint), None, k.replay.as_ref()),
+            None => (None, None, None),
+        };
+        b.file["kv_events"] = json!(bind);
+        b.file["kv_events_connect"] = json!(connect);
+        b.file["kv_events_replay"] = json!(replay);
         b.kv_events = kv_events;
     }
 }

@@ -151,6 +151,11 @@ impl TokenHasher {
         self.hasher.affinity_key()
     }
 
+    /// The last prompt's token ids.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// Tokens in the last prompt (its canonical form).
     pub fn tokens(&self) -> usize {
         self.ids.len()

@@ -53,6 +53,11 @@ impl EngineCache {
     /// Makes every block of `blocks` the most recently used, the first block most of
     /// all, then evicts the least recently used beyond capacity.
     pub fn touch(&mut self, blocks: &[u64]) {
+        self.touch_evicting(blocks, &mut Vec::new());
+    }
+
+    /// [`touch`](Self::touch), appending the blocks it evicts to `evicted`.
+    pub fn touch_evicting(&mut self, blocks: &[u64], evicted: &mut Vec<u64>) {
         for &b in blocks.iter().rev() {
             self.tick += 1;
             if let Some(old) = self.last_used.insert(b, self.tick) {
@@ -65,6 +70,7 @@ impl EngineCache {
                 break;
             };
             self.last_used.remove(&victim);
+            evicted.push(victim);
         }
     }
 }

@@ -178,8 +178,10 @@ pub const KEYS: &[Key] = &[
     live("backends.*.models"),
     live("backends.*.api_key_env"),
     live("backends.*.cache_blocks"),
-    // KV-event subscriptions are bound at start.
+    // KV-event subscriptions are bound or connected at start.
     restart("backends.*.kv_events"),
+    restart("backends.*.kv_events_connect"),
+    restart("backends.*.kv_events_replay"),
     live("backends.*.capabilities"),
     live("backends.*.role"),
     live("backends.*.bootstrap_port"),

@@ -5,6 +5,7 @@
 //! `vllm:num_requests_running` drops when a gateway gives a request up.
 
 use super::disagg::{self as kv, Handoffs, Leg};
+use super::kv_publish::{Publisher, SimEvent};
 use super::sampling::{self, Choice};
 use super::{EngineConfig, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
@@ -56,6 +57,18 @@ pub struct Engine {
     engine_id: String,
     /// Blocks and rooms held for decode engines (split pools).
     handoffs: RefCell<Handoffs>,
+    /// Tokenizing as vLLM does (`config.tokenizer`).
+    tokens: Option<RefCell<crate::token_mode::TokenHasher>>,
+    /// The last parsed prompt's token ids (tokenizer mode).
+    last_ids: RefCell<Vec<u32>>,
+    /// KV-cache events (`config.kv_events`).
+    publisher: Option<Publisher>,
+}
+
+/// The engine's own key for a block of the gateway's chain: another hash of the
+/// same tokens, so a subscriber can only match them through `token_ids`.
+fn engine_key(h: u64) -> u64 {
+    (h ^ 0x9e37_79b9_7f4a_7c15).rotate_left(23)
 }
 
 /// A batch slot; dropping it hands the slot to the next waiter, or frees it.
@@ -79,7 +92,7 @@ impl Drop for Slot<'_> {
 }
 
 impl Engine {
-    pub fn new(config: EngineConfig, addr: SocketAddr) -> Rc<Engine> {
+    pub fn new(config: EngineConfig, addr: SocketAddr, publisher: Option<Publisher>) -> Rc<Engine> {
         let block_bytes = NonZeroUsize::new(config.block_tokens.max(1) * BYTES_PER_TOKEN)
             .unwrap_or(NonZeroUsize::MIN);
         Rc::new(Engine {
@@ -98,6 +111,15 @@ impl Engine {
             addr,
             engine_id: format!("sim-{}-{}", config.seed, addr.port()),
             handoffs: RefCell::default(),
+            tokens: config.tokenizer.as_ref().map(|t| {
+                RefCell::new(crate::token_mode::TokenHasher::with_cache(
+                    t.tokenizer.clone(),
+                    NonZeroUsize::new(config.block_tokens.max(1)).unwrap_or(NonZeroUsize::MIN),
+                    0,
+                ))
+            }),
+            last_ids: RefCell::default(),
+            publisher,
             config,
         })
     }
@@ -262,8 +284,51 @@ impl Engine {
             .parser
             .borrow_mut()
             .parse(endpoint, body, &self.models, &mut hasher, 0)?;
+        if let (Some(tokens), Some(t)) = (&self.tokens, &self.config.tokenizer) {
+            // As vLLM tokenizes: through the chat template (a precise-mode gateway
+            // runs the same code, so its blocks are these blocks).
+            let mut tokens = tokens.borrow_mut();
+            tokens
+                .hash_precise(&hasher, &t.template, body)
+                .map_err(|e| GatewayError::new(ErrorKind::InvalidParam, e))?;
+            let blocks = tokens.blocks().iter().map(|&h| engine_key(h)).collect();
+            let mut ids = self.last_ids.borrow_mut();
+            ids.clear();
+            ids.extend_from_slice(tokens.ids());
+            return Ok((facts, blocks, (ids.len() as u64).max(1)));
+        }
         let prompt_tokens = hasher.bytes_fed().div_ceil(BYTES_PER_TOKEN as u64).max(1);
         Ok((facts, hasher.blocks().to_vec(), prompt_tokens))
+    }
+
+    /// KV events for one prompt: its blocks from `matched` on were stored (their
+    /// tokens known in tokenizer mode), `evicted` were removed.
+    fn publish_blocks(&self, blocks: &[u64], matched: usize, evicted: Vec<u64>) {
+        let Some(p) = &self.publisher else {
+            return;
+        };
+        let bt = self.config.block_tokens.max(1);
+        let mut batch = Vec::new();
+        if matched < blocks.len() {
+            let ids = self.last_ids.borrow();
+            let tokens = if self.tokens.is_some() {
+                ids.get(matched * bt..blocks.len() * bt)
+                    .map(<[u32]>::to_vec)
+                    .unwrap_or_default()
+            } else {
+                Vec::new() // no tokenizer: the blocks' tokens are not known
+            };
+            batch.push(SimEvent::Stored {
+                hashes: blocks[matched..].to_vec(),
+                parent: matched.checked_sub(1).map(|i| blocks[i]),
+                tokens,
+                block_size: bt,
+            });
+        }
+        if !evicted.is_empty() {
+            batch.push(SimEvent::Removed { hashes: evicted });
+        }
+        p.publish(batch);
     }
 
     /// Serves one completion. Returns whether the connection is still usable.
@@ -352,12 +417,19 @@ impl Engine {
         let matched = {
             let mut cache = self.cache.borrow_mut();
             let m = cache.matched(&blocks);
-            cache.touch(&blocks);
+            let mut evicted = Vec::new();
+            cache.touch_evicting(&blocks, &mut evicted);
+            self.publish_blocks(&blocks, m, evicted);
             m
         };
         let first = sampling.prompts[0].ids.unwrap_or(first_prompt_tokens);
-        let cached_tokens =
-            ((matched * self.config.block_tokens) as u64).min(first.saturating_sub(1));
+        let cached_tokens = if self.tokens.is_some() {
+            // vLLM: whole blocks, and the last prompt token is always computed.
+            let bt = self.config.block_tokens.max(1) as u64;
+            (matched as u64).min(first.saturating_sub(1) / bt) * bt
+        } else {
+            ((matched * self.config.block_tokens) as u64).min(first.saturating_sub(1))
+        };
         {
             let mut c = self.counters.borrow_mut();
             c.prompt_tokens += prompt_tokens;

@@ -16,13 +16,24 @@
 //!
 //! Token accounting: a prompt is the gateway's canonical byte stream (see the
 //! orchestrator's `PromptHasher`) at 4 bytes per token, cut into blocks of
-//! `block_tokens` tokens.
+//! `block_tokens` tokens. With a tokenizer (`--tokenizer`) it is tokenized as vLLM
+//! does instead: chat messages rendered through the chat template, then tokenized
+//! (the same code a precise-mode gateway runs, `TokenHasher::hash_precise`), so its
+//! blocks are a precise-mode gateway's blocks (under the engine's own hashes), and
+//! `cached_tokens` follows vLLM's rule: whole cached blocks, at most the prompt's
+//! length minus one token.
+//!
+//! KV-cache events (`--kv-events`): published as vLLM publishes them, see
+//! [`kv_publish`]. Stored blocks are the prompt's whole blocks the cache did not
+//! hold; evictions are `BlockRemoved`. Blocks of generated tokens are not cached.
 
 mod disagg;
 mod handler;
+pub mod kv_publish;
 mod sampling;
 
 pub use disagg::SimDisagg;
+pub use kv_publish::SimKvEvents;
 
 use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
 use std::io;
@@ -75,6 +86,46 @@ pub struct EngineConfig {
     /// SGLang prefill engines: also serve the bootstrap endpoint on this port of the
     /// listen address (0: an ephemeral one).
     pub bootstrap_port: Option<u16>,
+    /// Tokenize prompts as vLLM does (the model's tokenizer and chat template).
+    pub tokenizer: Option<SimTokenizer>,
+    /// Publish KV-cache events in vLLM's format.
+    pub kv_events: Option<SimKvEvents>,
+}
+
+/// The served model's tokenizer and chat template (`--tokenizer`, `--chat-template`).
+#[derive(Clone)]
+pub struct SimTokenizer {
+    pub tokenizer: std::sync::Arc<tokenizers::Tokenizer>,
+    pub template: std::sync::Arc<crate::chat_template::ChatTemplate>,
+}
+
+impl std::fmt::Debug for SimTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimTokenizer")
+            .field("template", &self.template)
+            .finish()
+    }
+}
+
+impl SimTokenizer {
+    /// Loads a `tokenizer.json` and a chat template (by default the one beside it,
+    /// found as a precise-mode gateway finds it).
+    #[allow(clippy::disallowed_methods)] // at start, off any shard
+    pub fn load(tokenizer: &str, template: Option<&str>) -> Result<Self, String> {
+        let t = tokenizers::Tokenizer::from_file(tokenizer)
+            .map_err(|e| format!("cannot load tokenizer `{tokenizer}`: {e}"))?;
+        let path = template
+            .map(str::to_string)
+            .or_else(|| crate::chat_template::ChatTemplate::find_beside(tokenizer))
+            .ok_or_else(|| {
+                format!("no chat template beside `{tokenizer}`: give --chat-template")
+            })?;
+        let template = crate::chat_template::ChatTemplate::load(&path)?;
+        Ok(Self {
+            tokenizer: std::sync::Arc::new(t),
+            template: std::sync::Arc::new(template),
+        })
+    }
 }
 
 impl EngineConfig {
@@ -98,6 +149,8 @@ impl EngineConfig {
             fixed_delay: Duration::ZERO,
             disagg: None,
             bootstrap_port: None,
+            tokenizer: None,
+            kv_events: None,
         }
     }
 
@@ -117,6 +170,8 @@ pub struct EngineHandle {
     bootstrap: Option<SocketAddr>,
     stop: Option<flume::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The KV-event publisher's thread and its stop signal.
+    kv_thread: Option<(JoinHandle<()>, flume::Sender<()>)>,
 }
 
 impl EngineHandle {
@@ -144,6 +199,10 @@ impl EngineHandle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some((t, stop)) = self.kv_thread.take() {
+            drop(stop);
+            let _ = t.join();
+        }
     }
 }
 
@@ -165,6 +224,13 @@ pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Re
         Some(l) => Some(l.local_addr()?),
         None => None,
     };
+    let (publisher, kv_thread) = match &config.kv_events {
+        Some(k) => {
+            let (p, t, stop) = kv_publish::start(k)?;
+            (Some(p), Some((t, stop)))
+        }
+        None => (None, None),
+    };
     let (stop_tx, stop_rx) = flume::bounded::<()>(1);
     let thread = std::thread::Builder::new()
         .name(format!("radixgate-engine-{}", addr.port()))
@@ -180,7 +246,7 @@ pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Re
                 let Ok(listener) = monoio::net::TcpListener::from_std(listener) else {
                     return;
                 };
-                let engine = handler::Engine::new(config, addr);
+                let engine = handler::Engine::new(config, addr, publisher);
                 let conns = engine.conns.clone();
                 let boot =
                     bootstrap_listener.and_then(|l| monoio::net::TcpListener::from_std(l).ok());
@@ -211,5 +277,6 @@ pub fn start(config: EngineConfig, listen: SocketAddr, driver: Driver) -> io::Re
         bootstrap,
         stop: Some(stop_tx),
         thread: Some(thread),
+        kv_thread,
     })
 }

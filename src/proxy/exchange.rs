@@ -604,7 +604,15 @@ impl Exchange<'_> {
         let tokens_per_block = shard.shared.config.routing.prefix_aware.tokens_per_block;
         let mut predicted = (route.matched_blocks as f64 * tokens_per_block) as u64;
         if let Some(prompt) = u.prompt_tokens {
-            predicted = predicted.min(prompt);
+            predicted = match &shard.shared.config.routing.hashing {
+                // Engine blocks: vLLM always computes the last prompt token, so a hit
+                // is the whole blocks within `prompt - 1` tokens.
+                crate::config::Hashing::Tokens { block_tokens, .. } => {
+                    let bt = block_tokens.get() as u64;
+                    predicted.min(prompt.saturating_sub(1) / bt * bt)
+                }
+                _ => predicted.min(prompt),
+            };
         }
         m.predicted_cached[backend] += predicted;
         m.reported_cached[backend] += reported;

@@ -204,7 +204,7 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
 }
 
 /// Keys no single change can exercise here, and why.
-const UNCHANGEABLE: [(&str, &str); 4] = [
+const UNCHANGEABLE: [(&str, &str); 6] = [
     (
         "backends.*.id",
         "names the entry: a new id is a backend removed and one added",
@@ -216,6 +216,14 @@ const UNCHANGEABLE: [(&str, &str); 4] = [
     (
         "backends.*.kv_events",
         "needs routing.hashing = \"precise\" (a chat template)",
+    ),
+    (
+        "backends.*.kv_events_connect",
+        "needs routing.hashing = \"precise\" (a chat template)",
+    ),
+    (
+        "backends.*.kv_events_replay",
+        "needs kv_events or kv_events_connect, and so precise mode",
     ),
     (
         "cluster.password_file",
