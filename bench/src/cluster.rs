@@ -247,8 +247,10 @@ fn run_cell(
         };
         replicas.push(start_replica(
             cfg,
-            state,
-            spec.no,
+            CellDir {
+                state,
+                cell: spec.no,
+            },
             i,
             &engines,
             cluster,
@@ -350,13 +352,18 @@ fn start_engines(
     Ok(engines)
 }
 
+/// Where a cell's files go: the state directory and the cell's number.
+#[derive(Clone, Copy)]
+struct CellDir<'a> {
+    state: &'a Path,
+    cell: usize,
+}
+
 /// Starts replica `i` (with `[cluster]` on `(bus url, channel)` when given) and
 /// waits until it is ready with every engine healthy; returns its address and log.
-#[allow(clippy::too_many_arguments)] // one call site each; the cell's whole context
 fn start_replica(
     cfg: &ClusterConfig,
-    state: &Path,
-    cell: usize,
+    dir: CellDir<'_>,
     i: usize,
     engines: &[SocketAddr],
     cluster: Option<(&str, &str)>,
@@ -372,6 +379,7 @@ fn start_replica(
         cfg.cache_blocks,
         cluster.map(|(u, c)| (u, c, node.as_str(), cfg.cluster_extra.as_str())),
     );
+    let (state, cell) = (dir.state, dir.cell);
     let config = state.join(format!("cell{cell}-replica{i}.toml"));
     std::fs::write(&config, toml).map_err(|e| format!("{}: {e}", config.display()))?;
     let log = state.join(format!("cell{cell}-replica{i}.log"));
@@ -475,8 +483,7 @@ pub fn run_late(
         let engines = start_engines(cfg, state, cell, &mut procs)?;
         let (r0, _) = start_replica(
             cfg,
-            state,
-            cell,
+            CellDir { state, cell },
             0,
             &engines,
             None,
@@ -491,10 +498,13 @@ pub fn run_late(
     let mut procs = Procs::default();
     let engines = start_engines(cfg, state, cell + 1, &mut procs)?;
     let cluster = Some((bus_url, channel.as_str()));
+    let late_dir = CellDir {
+        state,
+        cell: cell + 1,
+    };
     let (r0, _) = start_replica(
         cfg,
-        state,
-        cell + 1,
+        late_dir,
         0,
         &engines,
         cluster,
@@ -504,8 +514,7 @@ pub fn run_late(
     replay_to(r0, first, 1)?;
     let (r1, _) = start_replica(
         cfg,
-        state,
-        cell + 1,
+        late_dir,
         1,
         &engines,
         cluster,
