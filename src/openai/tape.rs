@@ -184,8 +184,23 @@ impl Tape {
         let mut keys = std::mem::take(&mut self.keys);
         let mut found = None;
         for &object in &self.objects {
-            keys.clear();
             let end = self.nodes[object as usize].next;
+            // Keys of different lengths differ (a node's range is its text's), so an
+            // object whose key lengths all differ, mod 64, has no repeat: one pass
+            // over its members, no scratch. Most request objects end here.
+            let (mut lengths, mut clash) = (0u64, false);
+            let mut idx = object + 1;
+            while idx < end {
+                let n = self.nodes[idx as usize];
+                let bit = 1u64 << ((n.end - n.start) & 63);
+                clash |= lengths & bit != 0;
+                lengths |= bit;
+                idx = self.nodes[idx as usize + 1].next;
+            }
+            if !clash {
+                continue;
+            }
+            keys.clear();
             let mut idx = object + 1;
             while idx < end {
                 keys.push(idx);
