@@ -133,6 +133,13 @@ impl InFlight {
             .sum()
     }
 
+    /// The peers' count for `backend` (0 without the peers' row).
+    pub fn peers(&self, backend: usize) -> u32 {
+        self.rows
+            .get(self.local_rows)
+            .map_or(0, |row| row[backend].0.load(Ordering::Relaxed))
+    }
+
     /// Sets the peers' count for `backend` (cluster thread only; no-op without the
     /// peers' row).
     pub fn set_peers(&self, backend: usize, n: u32) {
@@ -203,7 +210,7 @@ mod tests {
         let f = InFlight::with_peers(2, 3);
         let _a = InFlightGuard::enter(&f, 1, 2);
         f.set_peers(2, 5);
-        assert_eq!((f.total(2), f.local_total(2)), (6, 1));
+        assert_eq!((f.total(2), f.local_total(2), f.peers(2)), (6, 1, 5));
         f.set_peers(2, 0);
         assert_eq!(f.total(2), 1);
         // Without the row, setting the peers' count does nothing.

@@ -429,7 +429,7 @@ async fn scrape(shard: &Shard) -> String {
         .map(|b| shared.pending_prefill.tokens(b))
         .collect();
     let peer_in_flight: Vec<u32> = (0..table.len())
-        .map(|b| shared.in_flight.total(b).saturating_sub(in_flight[b]))
+        .map(|b| shared.in_flight.peers(b))
         .collect();
     let peer_pending_prefill_tokens: Vec<u32> = (0..table.len())
         .map(|b| {

@@ -80,6 +80,58 @@ struct Warming {
     asked: Option<u64>,
 }
 
+/// The index op a peer's wire op stands for, at this replica's backend slot, with
+/// its time mapped by `at` (live ops take the receipt time, a snapshot's carry
+/// ages): `Ok(None)` for a backend this replica lacks, `Err` (the op back) for an
+/// op that is not an index op.
+fn index_op(
+    op: Op,
+    slots: &HashMap<BackendKey, usize>,
+    at: impl Fn(u64) -> u64,
+) -> Result<Option<IndexOp>, Op> {
+    let slot = |key: BackendKey| slots.get(&key).copied();
+    Ok(match op {
+        Op::Insert {
+            backend,
+            blocks,
+            now_ms,
+        } => slot(backend).map(|backend| IndexOp::Insert {
+            backend,
+            blocks,
+            now_ms: at(now_ms),
+        }),
+        Op::Remove {
+            backend,
+            blocks,
+            from,
+        } => slot(backend).map(|backend| IndexOp::Remove {
+            backend,
+            blocks,
+            from: from as usize,
+        }),
+        Op::Clear { backend } => slot(backend).map(|backend| IndexOp::Clear { backend }),
+        Op::HoldChunks {
+            backend,
+            chunks,
+            now_ms,
+        } => slot(backend).map(|backend| IndexOp::HoldChunks {
+            backend,
+            chunks,
+            now_ms: at(now_ms),
+        }),
+        Op::BindSession {
+            session,
+            backend,
+            now_ms,
+        } => slot(backend).map(|backend| IndexOp::BindSession {
+            session,
+            backend,
+            now_ms: at(now_ms),
+        }),
+        other => return Err(other),
+    })
+}
+
 fn slots_of(live: &LiveConfig) -> HashMap<BackendKey, usize> {
     backend_keys(live)
         .into_iter()
@@ -272,59 +324,43 @@ impl Subscriber {
     }
 
     fn apply(&mut self, node: u64, op: Op, now: Instant, now_ms: u64) {
+        let op = match index_op(op, &self.slots, |_| now_ms) {
+            Ok(Some(op)) => {
+                self.status.ops_applied.fetch_add(1, Ordering::Relaxed);
+                let _ = self.shared.index_events.send(IndexEvent {
+                    origin: Origin::Peer,
+                    created: now,
+                    op,
+                });
+                return;
+            }
+            Ok(None) => {
+                self.status
+                    .ops_unknown_backend
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(op) => op,
+        };
         let slot = |key: BackendKey| self.slots.get(&key).copied();
-        let index_op = match op {
-            Op::Insert {
-                backend, blocks, ..
-            } => slot(backend).map(|backend| IndexOp::Insert {
-                backend,
-                blocks,
-                now_ms,
-            }),
-            Op::Remove {
-                backend,
-                blocks,
-                from,
-            } => slot(backend).map(|backend| IndexOp::Remove {
-                backend,
-                blocks,
-                from: from as usize,
-            }),
-            Op::Clear { backend } => slot(backend).map(|backend| IndexOp::Clear { backend }),
-            Op::HoldChunks {
-                backend, chunks, ..
-            } => slot(backend).map(|backend| IndexOp::HoldChunks {
-                backend,
-                chunks,
-                now_ms,
-            }),
-            Op::BindSession {
-                session, backend, ..
-            } => slot(backend).map(|backend| IndexOp::BindSession {
-                session,
-                backend,
-                now_ms,
-            }),
+        match op {
             Op::Load {
                 backend,
                 in_flight,
                 pending_prefill_tokens,
-            } => {
-                match slot(backend) {
-                    Some(s) => self.peers.set_load(
-                        node,
-                        s,
-                        in_flight,
-                        u32::try_from(pending_prefill_tokens).unwrap_or(u32::MAX),
-                    ),
-                    None => {
-                        self.status
-                            .ops_unknown_backend
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
+            } => match slot(backend) {
+                Some(s) => self.peers.set_load(
+                    node,
+                    s,
+                    in_flight,
+                    u32::try_from(pending_prefill_tokens).unwrap_or(u32::MAX),
+                ),
+                None => {
+                    self.status
+                        .ops_unknown_backend
+                        .fetch_add(1, Ordering::Relaxed);
                 }
-                return;
-            }
+            },
             // A peer saw the backend fail: this replica's breaker opens too. Good
             // news is left to this replica's own probes and requests.
             Op::Health {
@@ -340,7 +376,6 @@ impl Subscriber {
                             .send(AdminRequest::PeerFault { backend: s });
                     }
                 }
-                return;
             }
             // A peer's use of a tenant's quota is charged here too (into debt if
             // need be), so the fleet together keeps the tenant's limits.
@@ -358,23 +393,16 @@ impl Subscriber {
                     }
                     self.status.tenant_charges.fetch_add(1, Ordering::Relaxed);
                 }
-                return;
             }
             // A roll call inside a numbered batch is not one a joiner sends.
-            Op::SnapshotRequest { .. } => return,
-        };
-        let Some(op) = index_op else {
-            self.status
-                .ops_unknown_backend
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        self.status.ops_applied.fetch_add(1, Ordering::Relaxed);
-        let _ = self.shared.index_events.send(IndexEvent {
-            origin: Origin::Peer,
-            created: now,
-            op,
-        });
+            Op::SnapshotRequest { .. } => {}
+            // Index ops were handled above.
+            Op::Insert { .. }
+            | Op::Remove { .. }
+            | Op::Clear { .. }
+            | Op::HoldChunks { .. }
+            | Op::BindSession { .. } => {}
+        }
     }
 
     /// About once per report interval: expire silent peers, write their load into
@@ -511,36 +539,15 @@ impl Subscriber {
         let mut blocks = 0u64;
         let mut load = Vec::with_capacity(batch.ops.len());
         for op in batch.ops {
+            if !matches!(op, Op::Insert { .. } | Op::BindSession { .. }) {
+                continue;
+            }
             // Snapshot times are ages: this replica's clock is not the peer's.
-            match op {
-                Op::Insert {
-                    backend,
-                    blocks: chain,
-                    now_ms: age,
-                } => {
-                    if let Some(&slot) = self.slots.get(&backend) {
-                        blocks += chain.len() as u64;
-                        load.push(IndexOp::Insert {
-                            backend: slot,
-                            blocks: chain,
-                            now_ms: now_ms.saturating_sub(age),
-                        });
-                    }
+            if let Ok(Some(op)) = index_op(op, &self.slots, |age| now_ms.saturating_sub(age)) {
+                if let IndexOp::Insert { blocks: chain, .. } = &op {
+                    blocks += chain.len() as u64;
                 }
-                Op::BindSession {
-                    session,
-                    backend,
-                    now_ms: age,
-                } => {
-                    if let Some(&slot) = self.slots.get(&backend) {
-                        load.push(IndexOp::BindSession {
-                            session,
-                            backend: slot,
-                            now_ms: now_ms.saturating_sub(age),
-                        });
-                    }
-                }
-                _ => {}
+                load.push(op);
             }
         }
         let ops = load.len() as u64;
