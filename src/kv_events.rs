@@ -36,7 +36,6 @@
 
 use crate::config::KvEventsSource;
 use crate::replica::{IndexEvent, IndexOp, Origin};
-use crate::shard::Shared;
 use crossbeam_channel::{Receiver, TryRecvError};
 use radixgate_orchestrator::{model_seed, BackendIdx, PromptHasher};
 use rmpv::Value;
@@ -171,12 +170,26 @@ struct Link {
     pending: Option<Pending>,
 }
 
+/// Where the `radixgate-kv` thread's results go.
+pub struct Outputs {
+    /// To the coordinator, which applies the ops and fans them out to the shards.
+    pub index: crossbeam_channel::Sender<IndexEvent>,
+    /// Per backend slot, read at scrape time.
+    pub counters: Arc<[KvEventCounters]>,
+    /// Zero of the index's logical clock.
+    pub epoch: Instant,
+}
+
 /// The `radixgate-kv` thread: polls the sockets until `stop` disconnects.
 #[allow(clippy::disallowed_methods)] // its own thread, never a shard
-pub fn run(sockets: Sockets, block_tokens: NonZeroUsize, shared: Arc<Shared>, stop: Receiver<()>) {
+pub fn run(sockets: Sockets, block_tokens: NonZeroUsize, out: Outputs, stop: Receiver<()>) {
     let Sockets { ctx, subs } = sockets;
-    let index = shared.index_events.clone();
-    let counters = shared.kv_events.clone();
+    let Outputs {
+        index,
+        counters,
+        epoch,
+    } = out;
+    let clock = || Instant::now().saturating_duration_since(epoch).as_millis() as u64;
     let send = |ops: Vec<IndexOp>| {
         for op in ops {
             let _ = index.send(IndexEvent {
@@ -231,7 +244,7 @@ pub fn run(sockets: Sockets, block_tokens: NonZeroUsize, shared: Arc<Shared>, st
             .map(|(_, o)| *o)
             .collect();
         drop(items);
-        let now_ms = shared.now_ms();
+        let now_ms = clock();
         for (k, replay) in ready {
             let link = &mut links[k];
             let c = &counters[link.state.backend];
@@ -250,7 +263,7 @@ pub fn run(sockets: Sockets, block_tokens: NonZeroUsize, shared: Arc<Shared>, st
         for link in &mut links {
             if link.pending.as_ref().is_some_and(|p| p.deadline <= now) {
                 let c = &counters[link.state.backend];
-                send(link.give_up_replay(c, shared.now_ms()));
+                send(link.give_up_replay(c, clock()));
             }
         }
     }
@@ -338,8 +351,13 @@ impl Link {
             let Ok(mut msg) = socket.recv_multipart(zmq::DONTWAIT) else {
                 return ops;
             };
-            // [empty delimiter, seq, payload] (the ROUTER's identity is gone).
+            // [empty delimiter, topic, seq, payload] (the ROUTER's identity is gone;
+            // the end is [delimiter, "", -1, ""]), as vLLM 0.32 answers. Earlier
+            // vLLM sent no topic frame: [delimiter, seq, payload].
             if msg.first().is_some_and(Vec::is_empty) {
+                msg.remove(0);
+            }
+            if msg.len() >= 3 {
                 msg.remove(0);
             }
             let Some(p) = &mut self.pending else {

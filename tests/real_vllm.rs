@@ -2,12 +2,16 @@
 //!
 //! `deploy/vllm/fleet.sh` installs vLLM's CPU build into a cached venv, builds a tiny
 //! random-weight model offline and starts two engines on loopback with prefix caching,
-//! prompt-token details and KV events; this test drives them through an in-process
-//! gateway over real sockets and stops them by PID when it ends (also on failure).
+//! prompt-token details and KV events (each engine binds its event and replay
+//! sockets); this test drives them through in-process gateways over real sockets and
+//! stops them by PID when it ends (also on failure).
 //! It checks what a user sees: the OpenAI endpoints pass through intact, the engines'
 //! `/metrics` are scraped, a repeated long prefix is served from the chosen engine's
-//! cache (engine-reported `cached_tokens`), and on a short document workload
-//! `prefix_aware` gets a larger engine-reported cached share than `round_robin`.
+//! cache (engine-reported `cached_tokens`), on a short document workload
+//! `prefix_aware` gets a larger engine-reported cached share than `round_robin`, and
+//! in precise mode two gateway replicas in cluster mode (a bus from
+//! `deploy/cluster/bus`), both connected to the engines' KV-event sockets, predict
+//! the engine's cache hit to the token, as does a third replica started afterwards.
 //!
 //! One test function so the engines start once (about a minute or two). Set
 //! `RADIXGATE_REAL_ENGINES=0` to skip it in a quick local loop (reported as
@@ -17,6 +21,7 @@
 
 mod common;
 
+use common::bus::Bus;
 use common::{eventually, metric, start_gateway, Client, Response};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -28,15 +33,20 @@ const MODEL: &str = "tiny";
 /// The engines started by `fleet.sh`; stopped by PID on drop.
 struct Fleet {
     state: PathBuf,
-    /// `(id, addr, KV-event endpoint)` per engine.
+    /// `(id, addr, KV-event endpoint)` per engine (the engine binds it).
     engines: Vec<(String, String, String)>,
+    /// Each engine's KV-event replay endpoint, in `engines`' order.
+    replays: Vec<String>,
 }
 
 impl Fleet {
     fn start(count: usize) -> Fleet {
         let state = std::env::temp_dir().join(format!("radixgate-real-{}", std::process::id()));
         let base = free_port_base();
+        // Bind mode: each engine binds its KV-event socket and a replay ROUTER, and
+        // any number of gateways connect (what cluster mode needs).
         let out = Command::new(script())
+            .env("RADIXGATE_VLLM_KV_MODE", "bind")
             .args([
                 "start",
                 state.to_str().unwrap(),
@@ -50,6 +60,7 @@ impl Fleet {
         let mut fleet = Fleet {
             state,
             engines: Vec::new(),
+            replays: Vec::new(),
         };
         assert!(
             out.status.success(),
@@ -58,11 +69,13 @@ impl Fleet {
         );
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let mut parts = line.split_whitespace();
-            if let (Some(id), Some(addr), Some(events)) = (parts.next(), parts.next(), parts.next())
+            if let (Some(id), Some(addr), Some(events), Some(replay)) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
             {
                 fleet
                     .engines
                     .push((id.to_string(), addr.to_string(), events.to_string()));
+                fleet.replays.push(replay.to_string());
             }
         }
         assert_eq!(
@@ -97,13 +110,13 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/vllm/fleet.sh")
 }
 
-/// A base port with base..base+2 and base+100..base+102 free on loopback.
+/// A base port with base..base+2 and base+200..base+202 free on loopback.
 fn free_port_base() -> u16 {
     let start = 20_000 + (std::process::id() % 200) as u16 * 100;
     (0..50u16)
         .map(|k| start.wrapping_add(k * 7) % 40_000 + 20_000)
         .find(|&base| {
-            [0, 1, 100, 101]
+            [0, 1, 200, 201]
                 .iter()
                 .all(|off| TcpListener::bind(("127.0.0.1", base + off)).is_ok())
         })
@@ -371,19 +384,32 @@ fn real_vllm_fleet_end_to_end() {
 
     gw.shutdown();
 
-    // Precise mode: a gateway that tokenizes through the model's chat template and
-    // rebuilds its index from the engines' KV events predicts the engine's cache hit
-    // to the token.
-    let precise = precise_gateway(&fleet);
-    let addr = precise.local_addr();
-    let mut client = Client::connect(addr);
-    // The subscription starts with the gateway, and the engines' publishers connect to
-    // it on their own schedule: events published in that window can be lost (seen once
-    // in five CI runs). A fresh document per try keeps every try's blocks new.
+    // Precise mode in cluster mode: two replicas on one bus, each tokenizing through
+    // the model's chat template and rebuilding its index from the engines' KV events
+    // (every replica connects to every engine's event socket). A document sent
+    // through one replica is predicted to the token by both; a third replica started
+    // afterwards learns it too (the engines' replay sockets and the warm start).
+    let bus = Bus::start();
+    let cluster = format!(
+        "[cluster]\nurl = \"{}\"\nchannel = \"real-vllm-{}\"\nreport_interval_ms = 100\n",
+        bus.url,
+        std::process::id()
+    );
+    let a = precise_gateway(&fleet, &cluster);
+    let b = precise_gateway(&fleet, &cluster);
+    for gw in [&a, &b] {
+        assert!(
+            eventually(Duration::from_secs(10), || ready(gw) == 200),
+            "a precise replica never became ready"
+        );
+    }
+    // Each replica's subscription starts on its own schedule; the replay request it
+    // sends at start covers what it missed, but a fresh document per try keeps every
+    // try's blocks new should one still be lost.
     let mut applied = None;
     for attempt in 0..3u64 {
         let doc = document(3 + 1000 * attempt, 700);
-        let first = client.post(
+        let first = Client::connect(a.local_addr()).post(
             "/v1/chat/completions",
             &chat(&doc, "Precise one?", false),
             &[],
@@ -391,63 +417,105 @@ fn real_vllm_fleet_end_to_end() {
         assert_eq!(first.status, 200, "{}", first.text());
         let chosen = first.header("x-router-backend").unwrap().to_string();
         let seen = eventually(Duration::from_secs(15), || {
-            let text = Client::connect(addr).get("/metrics").text();
-            metric(
-                &text,
-                &format!("radixgate_kv_events_stored_blocks_total{{backend=\"{chosen}\"}}"),
-            )
-            .is_some_and(|v| v > 0.0)
+            [&a, &b]
+                .iter()
+                .all(|gw| kv_events_counter(gw, "stored_blocks", &chosen) > 0.0)
         });
         if seen {
             eprintln!(
-                "precise: KV events applied for {chosen} on try {}",
+                "precise: KV events applied for {chosen} by both replicas on try {}",
                 attempt + 1
             );
             applied = Some((doc, chosen));
             break;
         }
-        eprintln!("precise: no KV events for {chosen} on try {}", attempt + 1);
+        eprintln!(
+            "precise: KV events for {chosen} not seen by both replicas on try {}",
+            attempt + 1
+        );
     }
     let (doc, chosen) = applied.expect("no KV events applied in three tries");
-    let second = client.post(
+    // The replica that never saw the first request predicts the engine's hit, then
+    // the one that routed it.
+    predicts_exactly(&b, &doc, "Precise two?", &chosen, "replica b");
+    predicts_exactly(&a, &doc, "Precise three?", &chosen, "replica a");
+
+    let c = precise_gateway(&fleet, &cluster);
+    assert!(
+        eventually(Duration::from_secs(15), || ready(&c) == 200),
+        "the late precise replica never became ready"
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || kv_events_counter(
+            &c, "replayed", &chosen
+        ) > 0.0),
+        "the late replica replayed nothing from {chosen}'s replay socket"
+    );
+    predicts_exactly(&c, &doc, "Precise four?", &chosen, "late replica c");
+    for gw in [&a, &b, &c] {
+        eprintln!(
+            "precise: on {chosen}, {} batches replayed, {} events rejected",
+            kv_events_counter(gw, "replayed", &chosen),
+            kv_events_counter(gw, "rejected", &chosen)
+        );
+    }
+    for gw in [a, b, c] {
+        gw.shutdown();
+    }
+    drop(bus);
+    drop(fleet);
+}
+
+fn ready(gw: &radixgate::Gateway) -> u16 {
+    Client::connect(gw.local_addr()).get("/ready").status
+}
+
+fn kv_events_counter(gw: &radixgate::Gateway, name: &str, backend: &str) -> f64 {
+    let text = Client::connect(gw.local_addr()).get("/metrics").text();
+    metric(
+        &text,
+        &format!("radixgate_kv_events_{name}_total{{backend=\"{backend}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// A follow-up on a learned document through `gw`: it routes to the engine that
+/// holds the document, and the gateway's matched blocks, counted as vLLM counts a
+/// hit (it always computes a prompt's last token), equal the engine's
+/// `cached_tokens`.
+fn predicts_exactly(gw: &radixgate::Gateway, doc: &str, question: &str, chosen: &str, who: &str) {
+    common::wait_replicated(gw.local_addr());
+    let resp = Client::connect(gw.local_addr()).post(
         "/v1/chat/completions",
-        &chat(&doc, "Precise two?", false),
+        &chat(doc, question, false),
         &[],
     );
-    assert_eq!(second.status, 200, "{}", second.text());
-    assert_eq!(second.header("x-router-backend"), Some(chosen.as_str()));
-    let matched: u64 = second
+    assert_eq!(resp.status, 200, "{who}: {}", resp.text());
+    assert_eq!(
+        resp.header("x-router-backend"),
+        Some(chosen),
+        "{who} routed elsewhere"
+    );
+    let matched: u64 = resp
         .header("x-router-match-blocks")
         .expect("X-Router-Match-Blocks")
         .parse()
         .unwrap();
-    let (prompt, cached) = usage(&second);
-    eprintln!(
-        "precise: predicted {} tokens, engine cached {cached}/{prompt}",
-        matched * 128
-    );
-    assert!(cached > 0);
+    let (prompt, cached) = usage(&resp);
+    let predicted = matched.min((prompt - 1) / 128) * 128;
+    eprintln!("precise, {who}: predicted {predicted} tokens, engine cached {cached}/{prompt}");
+    assert!(cached > 0, "{who}: the engine had the document cached");
     assert_eq!(
-        matched * 128,
-        cached,
-        "precise mode must predict the engine's hit exactly"
+        predicted, cached,
+        "{who}: precise mode must predict the engine's hit exactly"
     );
-    let text = Client::connect(addr).get("/metrics").text();
-    eprintln!(
-        "precise: KV events rejected on {chosen}: {:?} (messages the engine queued before \
-         the subscription, whose parents were never seen)",
-        metric(
-            &text,
-            &format!("radixgate_kv_events_rejected_total{{backend=\"{chosen}\"}}")
-        )
-    );
-    precise.shutdown();
-    drop(fleet);
 }
 
-/// A gateway in precise mode over the fleet: the model's tokenizer and chat template,
-/// 128-token blocks (the CPU engine's), and each engine's KV-event endpoint.
-fn precise_gateway(fleet: &Fleet) -> radixgate::Gateway {
+/// A precise-mode gateway over the fleet: the model's tokenizer and chat template,
+/// 128-token blocks (the CPU engine's), and each engine's KV-event and replay
+/// sockets, which the engine binds and every replica connects to; `extra` is
+/// appended (a `[cluster]` section).
+fn precise_gateway(fleet: &Fleet, extra: &str) -> radixgate::Gateway {
     let cache = std::env::var("RADIXGATE_CACHE").unwrap_or_else(|_| {
         format!(
             "{}/.cache/radixgate",
@@ -457,12 +525,12 @@ fn precise_gateway(fleet: &Fleet) -> radixgate::Gateway {
     let mut toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nshards = 2\n\n[routing]\npolicy = \"prefix_aware\"\n\
          hashing = \"precise\"\ntokenizer = \"{cache}/models/{MODEL}/tokenizer.json\"\n\
-         block_tokens = 128\n\n[upstream]\nfirst_byte_timeout_ms = 60000\n"
+         block_tokens = 128\n\n[upstream]\nfirst_byte_timeout_ms = 60000\n\n{extra}"
     );
-    for (id, addr, events) in &fleet.engines {
+    for ((id, addr, events), replay) in fleet.engines.iter().zip(&fleet.replays) {
         toml.push_str(&format!(
             "\n[[backends]]\nid = \"{id}\"\nurl = \"http://{addr}\"\nmodels = [\"{MODEL}\"]\n\
-             kv_events = \"{events}\"\n"
+             kv_events_connect = \"{events}\"\nkv_events_replay = \"{replay}\"\n"
         ));
     }
     let config = radixgate::config::Config::from_toml(&toml)

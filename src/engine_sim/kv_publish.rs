@@ -13,10 +13,10 @@
 //!   `lora_name`), `BlockRemoved` (`block_hashes`, `medium`), `AllBlocksCleared`.
 //!   Block hashes are the engine's own (8 bytes each), not the gateway's.
 //! - With `replay`, a ROUTER socket bound there answers replay requests as vLLM's
-//!   `_service_replay` does: a request is `[identity, "", start_seq]`; every buffered
-//!   batch with a sequence at or after `start_seq` goes back as
-//!   `[identity, "", seq, payload]`, then `[identity, "", -1, ""]` ends it. The last
-//!   `buffer_steps` batches are kept.
+//!   `_service_replay` does (vLLM 0.32): a request is `[identity, "", start_seq]`;
+//!   every buffered batch with a sequence at or after `start_seq` goes back as
+//!   `[identity, "", topic, seq, payload]`, then `[identity, "", "", -1, ""]` ends
+//!   it. The last `buffer_steps` batches are kept.
 //! - `lose_every` (tests): every Nth batch is buffered for replay but never sent on
 //!   the PUB socket, a message lost on the wire.
 //!
@@ -194,10 +194,10 @@ impl Thread {
                 continue;
             };
             for (seq, payload) in self.buffer.iter().filter(|(s, _)| *s >= start) {
-                let reply: [&[u8]; 4] = [id, b"", &seq.to_be_bytes(), payload];
+                let reply: [&[u8]; 5] = [id, b"", &self.topic, &seq.to_be_bytes(), payload];
                 let _ = router.send_multipart(reply, zmq::DONTWAIT);
             }
-            let end: [&[u8]; 4] = [id, b"", &[0xff; 8], b""];
+            let end: [&[u8]; 5] = [id, b"", b"", &[0xff; 8], b""];
             let _ = router.send_multipart(end, zmq::DONTWAIT);
         }
     }
