@@ -8,10 +8,11 @@
 //! `GET /admin/config` shows every key in force (secrets redacted).
 //! `GET /admin/shards` asks the shards themselves (see [`crate::placement`]).
 
-use crate::config::{BackendConfig, Config};
+use crate::config::BackendConfig;
+use crate::control::{ask, AdminRequest, Shared};
 use crate::error::{ErrorKind, GatewayError};
-use crate::shard::Shared;
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crate::http::request::bearer;
+use crossbeam_channel::{Receiver, Sender};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -20,44 +21,6 @@ use std::time::Duration;
 
 /// Largest admin request body (a backend definition).
 const MAX_BODY: usize = 64 << 10;
-
-type Reply = Sender<Result<serde_json::Value, GatewayError>>;
-
-/// What the admin thread asks the coordinator; each carries its reply channel.
-pub enum AdminRequest {
-    /// JSON array describing every backend.
-    Backends(Sender<serde_json::Value>),
-    /// Drain (`on = true`) or undrain a backend by id; `Err` for an unknown id.
-    Drain {
-        id: String,
-        on: bool,
-        reply: Sender<Result<serde_json::Value, String>>,
-    },
-    /// JSON summary of the prefix index.
-    Index(Sender<serde_json::Value>),
-    /// The configuration in force as JSON, secrets redacted.
-    Config(Sender<serde_json::Value>),
-    /// Add a validated backend (409 for a duplicate id).
-    AddBackend {
-        backend: Box<BackendConfig>,
-        reply: Reply,
-    },
-    /// Remove the backend with this id (404 unknown, 409 the last one).
-    RemoveBackend { id: String, reply: Reply },
-    /// Apply a reloaded, validated config; the reply summarises what changed.
-    Reload { config: Box<Config>, reply: Reply },
-    /// The authoritative index and session bindings, for a joining cluster peer
-    /// (asked by the cluster subscriber, not the admin API).
-    Snapshot(Sender<crate::cluster::Snapshot>),
-    /// A peer replica saw this backend slot fail (from the cluster subscriber).
-    PeerFault { backend: usize },
-    /// A peer's snapshot, as index ops: applied (and fanned out to every shard)
-    /// before the reply, so a replica is ready only once its index holds it.
-    LoadPeerOps {
-        ops: Vec<crate::replica::IndexOp>,
-        reply: Sender<()>,
-    },
-}
 
 /// Serves the admin API on `listener` until `stop` fires or is dropped. `source` is
 /// the config file a reload re-reads.
@@ -200,16 +163,6 @@ fn handle(mut stream: TcpStream, ctx: &Context) {
     let _ = stream.write_all(&response);
 }
 
-/// The token of an `Authorization: Bearer <token>` value.
-pub fn bearer(value: &[u8]) -> Option<&[u8]> {
-    let v = value.trim_ascii();
-    if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
-        Some(v[7..].trim_ascii())
-    } else {
-        None
-    }
-}
-
 /// The `len`-byte body after the head (part of it may already be in `buf`).
 fn read_body(
     stream: &mut TcpStream,
@@ -229,23 +182,6 @@ fn read_body(
     Some(body)
 }
 
-/// Sends `make(reply)` to the coordinator and waits for its answer.
-pub(crate) fn ask<T>(
-    coordinator: &Sender<AdminRequest>,
-    make: impl FnOnce(Sender<T>) -> AdminRequest,
-) -> Result<T, GatewayError> {
-    let (tx, rx) = bounded(1);
-    let unavailable = || {
-        GatewayError::new(
-            ErrorKind::NoHealthyBackend,
-            "the coordinator is not answering",
-        )
-    };
-    coordinator.send(make(tx)).map_err(|_| unavailable())?;
-    rx.recv_timeout(Duration::from_secs(5))
-        .map_err(|_| unavailable())
-}
-
 fn route(
     method: &str,
     path: &str,
@@ -260,7 +196,7 @@ fn route(
         ("GET", ["admin", "backends"]) => ok(ask(coordinator, AdminRequest::Backends)?),
         ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
         ("GET", ["admin", "config"]) => ok(ask(coordinator, AdminRequest::Config)?),
-        ("GET", ["admin", "shards"]) => ok(crate::placement::shards_json(&ctx.shared)),
+        ("GET", ["admin", "shards"]) => ok(shards_json(&ctx.shared)),
         ("GET", ["admin", "cluster"]) => match &ctx.shared.cluster {
             Some(status) => ok(status.to_json()),
             None => Err(GatewayError::new(
@@ -320,6 +256,65 @@ fn route(
             format!("no admin endpoint {path}"),
         )),
     }
+}
+
+/// The body of `GET /admin/shards`: per shard, its placement, the kernel's view of
+/// its thread and its live counters. Blocks the calling (admin) thread up to 2 s for
+/// the shards' counters; a shard that does not answer in time is listed without them.
+fn shards_json(shared: &Shared) -> serde_json::Value {
+    let (rx, asked) = shared.ask_shards_for_metrics();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut collected: Vec<Option<crate::metrics::ShardMetrics>> =
+        (0..shared.shard_commands.len()).map(|_| None).collect();
+    for _ in 0..asked {
+        match rx.recv_deadline(deadline) {
+            Ok(m) => {
+                let k = m.shard;
+                collected[k] = Some(m);
+            }
+            Err(_) => break,
+        }
+    }
+    let backends = crate::backends::MAX_BACKEND_SLOTS;
+    let shards: Vec<serde_json::Value> = collected
+        .iter()
+        .enumerate()
+        .map(|(k, m)| {
+            let p = shared.placements.get(k);
+            let tid = p.map(|p| p.tid);
+            let stat = tid.and_then(crate::placement::thread_stat);
+            let counters = m.as_ref().map(|m| {
+                serde_json::json!({
+                    "requests": m.requests.values().sum::<u64>(),
+                    "open_connections": m.open_connections,
+                    "active_requests": m.active_requests,
+                    "in_flight_upstream": (0..backends)
+                        .map(|b| u64::from(shared.in_flight.get(k, b)))
+                        .sum::<u64>(),
+                    "queued": m.queue_depth,
+                    "index_events_published": m.index_events_published,
+                    "replica_events_applied": m.replica_applied,
+                    "replica_blocks": m.replica_blocks,
+                })
+            });
+            serde_json::json!({
+                "shard": k,
+                "thread": format!("radixgate-shard-{k}"),
+                "thread_id": tid,
+                "core": p.and_then(|p| p.core),
+                "pinned": p.is_some_and(|p| p.pinned),
+                "io": p.map(|p| p.driver.as_str()),
+                "cpus_allowed": tid.and_then(|t| crate::placement::thread_status(t, "Cpus_allowed_list")),
+                "last_cpu": stat.map(|s| s.0),
+                "cpu_seconds": stat.map(|s| s.1),
+                "counters": counters,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "shards": shards,
+        "coordinator_core": shared.config.server.coordinator_core,
+    })
 }
 
 #[cfg(test)]

@@ -212,7 +212,7 @@ impl LiveConfig {
     /// Every key in force as a JSON tree (`GET /admin/config` redacts it): the
     /// config's, with the backends of the table.
     pub fn tree(&self) -> serde_json::Value {
-        crate::reload::tree(&self.config, self.backends.live().map(|(_, b)| b))
+        crate::config::keys::tree(&self.config, self.backends.live().map(|(_, b)| b))
     }
 
     /// The model's split-pool settings, if it is served by one.

@@ -1223,7 +1223,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         }
         let mut key_digests = Vec::with_capacity(t.keys.len());
         for (k, hex) in t.keys.iter().enumerate() {
-            match crate::tenants::parse_digest(&hex.to_ascii_lowercase()) {
+            match parse_digest(&hex.to_ascii_lowercase()) {
                 Some(d) if seen_keys.insert(d) => key_digests.push(d),
                 Some(_) => errors.push(format!(
                     "tenants[{i}].keys[{k}]: key used by another tenant"
@@ -1434,6 +1434,18 @@ pub fn parse_http_url(url: &str) -> Result<(SocketAddr, String), String> {
             .map_err(|_| format!("`{url}`: host must be an IP address or localhost"))?
     };
     Ok((SocketAddr::new(ip, port), authority.to_string()))
+}
+
+/// Parses a 64-hex-digit SHA-256 digest.
+pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]

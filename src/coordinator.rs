@@ -10,14 +10,12 @@
 
 mod changes;
 
-use crate::admin::AdminRequest;
 use crate::backends::LiveConfig;
-use crate::cluster::Share;
 use crate::config::{BackendConfig, Config};
+use crate::control::{AdminRequest, Outcome, ShardCommand, Share, Shared, Snapshot};
 use crate::engine_metrics::{self, EngineLoad};
 use crate::fleet::FleetSnapshot;
 use crate::replica::{new_replica, IndexEvent, IndexOp, Origin};
-use crate::shard::{ShardCommand, Shared};
 use crossbeam_channel::{select, Receiver, Sender};
 use radixgate_orchestrator::{Breaker, BreakerConfig, Replica};
 use serde_json::json;
@@ -33,12 +31,6 @@ pub struct HealthReport {
     pub ok: Option<bool>,
     /// `Some(None)`: scraped, nothing usable (stale from now on).
     pub engine: Option<Option<EngineLoad>>,
-}
-
-/// A request's outcome on one backend, as a shard saw it (for the breakers).
-pub struct Outcome {
-    pub backend: usize,
-    pub ok: bool,
 }
 
 /// Per backend slot (retired slots keep theirs): breaker, health, drain, engine load
@@ -336,7 +328,7 @@ impl Coordinator {
                 let _ = reply.send(());
             }
             AdminRequest::Snapshot(reply) => {
-                let _ = reply.send(crate::cluster::Snapshot {
+                let _ = reply.send(Snapshot {
                     now_ms: self.shared.now_ms(),
                     index: self.replica.index.export(),
                     sessions: self.replica.sessions.export(),

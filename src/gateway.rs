@@ -4,14 +4,14 @@
 //! Listeners are bound on the caller's thread before any thread starts, so a caller
 //! (a test, the demo) knows the port at once and never waits for start-up.
 
-use crate::admin::AdminRequest;
 use crate::backends::LiveConfig;
 use crate::config::Config;
+use crate::control::{AdminRequest, Shared};
 use crate::coordinator::{run_health_checks, Coordinator};
 use crate::fleet::FleetSnapshot;
 use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
 use crate::server::{accept_loop, drain};
-use crate::shard::{Shard, Shared};
+use crate::shard::Shard;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -92,7 +92,7 @@ impl Gateway {
                 crate::cluster::check_join(c, fingerprint).map_err(io::Error::other)?;
                 Some((
                     c.clone(),
-                    Arc::new(crate::cluster::ClusterStatus::new(c, fingerprint)),
+                    Arc::new(crate::cluster::new_status(c, fingerprint)),
                 ))
             }
             None => None,
@@ -259,11 +259,16 @@ impl Gateway {
             );
         }
         if let Some((sockets, block_tokens)) = kv_sockets {
-            let (shared, stop) = (shared.clone(), stop_rx.clone());
+            let out = crate::kv_events::Outputs {
+                index: shared.index_events.clone(),
+                counters: shared.kv_events.clone(),
+                epoch: shared.epoch,
+            };
+            let stop = stop_rx.clone();
             control_threads.push(
                 std::thread::Builder::new()
                     .name("radixgate-kv".into())
-                    .spawn(move || crate::kv_events::run(sockets, block_tokens, shared, stop))?,
+                    .spawn(move || crate::kv_events::run(sockets, block_tokens, out, stop))?,
             );
         }
         if let Some((config, status, pub_rx, sub_rx, ops_tx, ops_rx)) = cluster {

@@ -245,7 +245,7 @@ pub struct Gauges<'a> {
     /// What became of recorded spans, when trace export is on.
     pub spans: Option<&'a crate::otlp::SpanCounters>,
     /// Cluster mode's threads' state, in a cluster.
-    pub cluster: Option<&'a crate::cluster::ClusterStatus>,
+    pub cluster: Option<&'a crate::status::ClusterStatus>,
     /// Per backend slot, the peers' in-flight requests and pending prefill tokens
     /// as they last reported them (zeros outside a cluster).
     pub peer_in_flight: &'a [u32],
@@ -346,7 +346,7 @@ fn render_operations(out: &mut Families, shards: &[ShardMetrics], g: &Gauges<'_>
 }
 
 /// Cluster mode: the bus connection, peers, what was shared and what was dropped.
-fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gauges<'_>) {
+fn render_cluster(out: &mut Families, c: &crate::status::ClusterStatus, g: &Gauges<'_>) {
     use std::sync::atomic::Ordering::Relaxed;
     let peers = c.peers.lock().map_or(0, |p| p.len());
     for (name, help, v) in [
@@ -390,7 +390,7 @@ fn render_cluster(out: &mut Families, c: &crate::cluster::ClusterStatus, g: &Gau
         Kind::Counter,
         "Bus messages dropped, by reason: foreign, version, fingerprint, truncated, malformed, duplicate, stale.",
     );
-    for d in crate::cluster::Dropped::ALL {
+    for d in crate::status::Dropped::ALL {
         f.row(
             vec![("reason", d.as_str().into())],
             Value::Int(c.dropped(d)),

@@ -14,9 +14,9 @@
 //! here from the backend table, which the coordinator sends before any shard routes
 //! with it.
 
+use crate::access_log::InlineId;
 use crate::backends::LiveConfig;
 use crate::config::TracesConfig;
-use crate::trace::{SpanKind, SpanRecord};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
@@ -32,6 +32,61 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    /// The gateway's handling of one client request (OTLP SERVER).
+    Request,
+    /// One routing decision (OTLP INTERNAL).
+    Route,
+    /// One attempt against one backend (OTLP CLIENT).
+    Attempt,
+    /// A split request's prefill leg on a prefill backend (OTLP CLIENT).
+    PrefillLeg,
+    /// A split request's decode leg on a decode backend (OTLP CLIENT).
+    DecodeLeg,
+    /// One node of a workflow: its routing and upstream call (OTLP CLIENT).
+    Node,
+}
+
+impl SpanKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SpanKind::Request => "request",
+            SpanKind::Route => "route",
+            SpanKind::Attempt => "upstream attempt",
+            SpanKind::PrefillLeg => "prefill leg",
+            SpanKind::DecodeLeg => "decode leg",
+            SpanKind::Node => "workflow node",
+        }
+    }
+}
+
+/// One finished span, as the shard saw it. Names are resolved on the exporter thread.
+#[derive(Clone, Copy)]
+pub struct SpanRecord {
+    pub kind: SpanKind,
+    pub trace_id: u128,
+    pub span_id: u64,
+    /// 0 for a root span.
+    pub parent_id: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub shard: usize,
+    pub backend: Option<usize>,
+    pub model: Option<usize>,
+    pub tenant: Option<usize>,
+    /// HTTP status (request, attempt); 0 when none.
+    pub status: u16,
+    /// Routing reason or error code.
+    pub reason: &'static str,
+    pub policy: &'static str,
+    /// 1-based attempt number (route, attempt spans); retries (request span).
+    pub attempt: u32,
+    pub matched_blocks: u32,
+    /// Request spans: the request id; workflow node spans: the node's id.
+    pub id: Option<InlineId>,
+}
 
 /// Spans per export request.
 pub const MAX_BATCH: usize = 512;

@@ -9,9 +9,7 @@
 //! here runs on the request path.
 
 use crate::runtime::Driver;
-use crate::shard::Shared;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 /// One shard's placement, fixed for its life.
 #[derive(Debug, Clone, Copy)]
@@ -70,7 +68,7 @@ fn current_tid() -> i32 {
 // procfs (memory, never a disk): read by the admin thread, and once by each shard
 // thread as it starts, before it serves anything.
 #[allow(clippy::disallowed_methods)]
-fn thread_status(tid: i32, field: &str) -> Option<String> {
+pub fn thread_status(tid: i32, field: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
@@ -80,7 +78,7 @@ fn thread_status(tid: i32, field: &str) -> Option<String> {
 /// From `/proc/self/task/<tid>/stat`: the CPU the thread last ran on and its user
 /// and system CPU time in seconds.
 #[allow(clippy::disallowed_methods)] // procfs, read by the admin thread only
-fn thread_stat(tid: i32) -> Option<(u64, f64)> {
+pub fn thread_stat(tid: i32) -> Option<(u64, f64)> {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
     // Fields after the parenthesised name, which may itself contain spaces.
     let f: Vec<&str> = text[text.rfind(')')? + 2..].split_whitespace().collect();
@@ -92,65 +90,6 @@ fn thread_stat(tid: i32) -> Option<(u64, f64)> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some((cpu, (utime + stime) as f64 / hz))
-}
-
-/// The body of `GET /admin/shards`: per shard, its placement, the kernel's view of
-/// its thread and its live counters. Blocks the calling (admin) thread up to 2 s for
-/// the shards' counters; a shard that does not answer in time is listed without them.
-pub fn shards_json(shared: &Shared) -> serde_json::Value {
-    let (rx, asked) = shared.ask_shards_for_metrics();
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    let mut collected: Vec<Option<crate::metrics::ShardMetrics>> =
-        (0..shared.shard_commands.len()).map(|_| None).collect();
-    for _ in 0..asked {
-        match rx.recv_deadline(deadline) {
-            Ok(m) => {
-                let k = m.shard;
-                collected[k] = Some(m);
-            }
-            Err(_) => break,
-        }
-    }
-    let backends = crate::backends::MAX_BACKEND_SLOTS;
-    let shards: Vec<serde_json::Value> = collected
-        .iter()
-        .enumerate()
-        .map(|(k, m)| {
-            let p = shared.placements.get(k);
-            let tid = p.map(|p| p.tid);
-            let stat = tid.and_then(thread_stat);
-            let counters = m.as_ref().map(|m| {
-                serde_json::json!({
-                    "requests": m.requests.values().sum::<u64>(),
-                    "open_connections": m.open_connections,
-                    "active_requests": m.active_requests,
-                    "in_flight_upstream": (0..backends)
-                        .map(|b| u64::from(shared.in_flight.get(k, b)))
-                        .sum::<u64>(),
-                    "queued": m.queue_depth,
-                    "index_events_published": m.index_events_published,
-                    "replica_events_applied": m.replica_applied,
-                    "replica_blocks": m.replica_blocks,
-                })
-            });
-            serde_json::json!({
-                "shard": k,
-                "thread": format!("radixgate-shard-{k}"),
-                "thread_id": tid,
-                "core": p.and_then(|p| p.core),
-                "pinned": p.is_some_and(|p| p.pinned),
-                "io": p.map(|p| p.driver.as_str()),
-                "cpus_allowed": tid.and_then(|t| thread_status(t, "Cpus_allowed_list")),
-                "last_cpu": stat.map(|s| s.0),
-                "cpu_seconds": stat.map(|s| s.1),
-                "counters": counters,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "shards": shards,
-        "coordinator_core": shared.config.server.coordinator_core,
-    })
 }
 
 #[cfg(test)]

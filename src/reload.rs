@@ -17,9 +17,9 @@
 //! place, or replaced when `url` changed). Listeners and pooled upstream
 //! connections carry over; requests in flight keep the settings they started with.
 
-use crate::admin::{ask, AdminRequest};
 use crate::config::keys::{self, Change, Class};
 use crate::config::{BackendConfig, Config};
+use crate::control::{ask, AdminRequest};
 use crate::error::{ErrorKind, GatewayError};
 use crossbeam_channel::Sender;
 use serde_json::{json, Value};
@@ -52,21 +52,10 @@ impl ReloadPlan {
     }
 }
 
-/// The key tree of `config` with its backends replaced by `backends` (the backend
-/// table in force, which admin API changes also edit).
-pub fn tree<'b>(config: &Config, backends: impl Iterator<Item = &'b BackendConfig>) -> Value {
-    let mut tree = config.file.clone();
-    let entries = backends.map(|b| (b.id.clone(), b.file.clone())).collect();
-    if let Some(t) = tree.as_object_mut() {
-        t.insert("backends".into(), Value::Object(entries));
-    }
-    tree
-}
-
 /// Compares `new` with the config in force (`running`, whose backends are
 /// `running_backends`) key by key, and builds the config to put in force.
 pub fn plan(running: &Config, running_backends: &[&BackendConfig], new: &Config) -> ReloadPlan {
-    let before = tree(running, running_backends.iter().copied());
+    let before = keys::tree(running, running_backends.iter().copied());
     let changes = keys::diff(&before, &new.file);
     let mut config = new.clone();
     config.file = keys::merge(&before, &new.file);

@@ -11,6 +11,7 @@ use crate::access_log::AccessRecord;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
 use crate::http::request::Method;
+use crate::http::response::Utf8Vec;
 use crate::metrics::{self, RequestKey};
 use crate::openai::Endpoint;
 use crate::proxy;
@@ -324,16 +325,6 @@ fn push_hex_u128(out: &mut String, n: u128) {
     }
     // Every byte is an ASCII hex digit.
     out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
-}
-
-/// `fmt::Write` into a byte vector.
-pub struct Utf8Vec<'a>(pub &'a mut Vec<u8>);
-
-impl std::fmt::Write for Utf8Vec<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 fn plain_response(

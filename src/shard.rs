@@ -12,131 +12,22 @@
 //! connections close, the router is reconfigured and the edge queue's bound
 //! follows the new settings.
 
-use crate::backends::MAX_BACKEND_SLOTS;
-use crate::config::{Config, Hashing};
-use crate::fleet::{FleetSnapshot, InFlight};
+pub mod edge_queue;
+
+use crate::config::Hashing;
+use crate::control::{ShardCommand, Shared};
+use crate::fleet::FleetSnapshot;
 use crate::metrics::ShardMetrics;
 use crate::open_conns::OpenConnections;
 use crate::openai::BodyParser;
-use crate::pending_prefill::PendingPrefill;
 use crate::pool::UpstreamPool;
-use crate::proxy::queue::EdgeQueue;
-use crate::replica::{new_replica, IndexEvent, ReplicaSent};
+use crate::replica::new_replica;
 use crate::token_mode::TokenHasher;
+use edge_queue::EdgeQueue;
 use radixgate_orchestrator::{PromptHasher, Replica, RetryBudget, Router};
 use std::cell::{Cell, Ref, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
-
-/// Read-only state shared by every shard.
-pub struct Shared {
-    /// The config as started. Keys that can change at run time (every key
-    /// [`crate::config::keys::KEYS`] classifies live, and the tenants) are read from
-    /// the fleet snapshot's [`LiveConfig`](crate::backends::LiveConfig) instead.
-    pub config: Config,
-    /// Per shard and backend slot, sized for [`MAX_BACKEND_SLOTS`].
-    pub in_flight: InFlight,
-    /// Predicted uncached prompt tokens of the requests in flight that have no first
-    /// response byte yet, and the engine's progress on them: the prefill work queued
-    /// at each engine on the gateway's account (`prefix_aware`'s and SLO admission's
-    /// queue estimate). Same layout.
-    pub pending_prefill: PendingPrefill,
-    pub shard_commands: Vec<flume::Sender<ShardCommand>>,
-    /// Shard → coordinator index events (crossbeam: lock-free send).
-    pub index_events: crossbeam_channel::Sender<IndexEvent>,
-    /// Shard → log thread, one record per request (`None` when access logs are off).
-    pub access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
-    /// Shard → OTLP exporter, finished spans (`None` when traces are off; set by
-    /// the gateway at start).
-    pub spans: Option<crossbeam_channel::Sender<crate::trace::SpanRecord>>,
-    pub span_counters: Arc<crate::otlp::SpanCounters>,
-    /// Shard → coordinator request outcomes, for the circuit breakers.
-    pub outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
-    pub replica_sent: ReplicaSent,
-    /// Index events the coordinator has received from shards (coordinator writes).
-    pub coordinator_received: AtomicU64,
-    /// Blocks in the coordinator's authoritative index (coordinator writes).
-    pub index_blocks: AtomicU64,
-    /// Zero of the index's logical clock (milliseconds since start).
-    pub epoch: Instant,
-    /// Where each shard thread runs (written once by each, read by the admin API).
-    pub placements: crate::placement::Placements,
-    /// Per backend, what its KV-event subscription applied (precise mode; the
-    /// `radixgate-kv` thread writes, scrapes read).
-    pub kv_events: Arc<[crate::kv_events::KvEventCounters]>,
-    /// Cluster mode's state, as its threads report it (`None` outside a cluster;
-    /// set by the gateway at start).
-    pub cluster: Option<Arc<crate::cluster::ClusterStatus>>,
-}
-
-impl Shared {
-    /// Asks every shard for a copy of its metrics; returns where the copies arrive and
-    /// how many shards were asked (a shard that has stopped is not). `/metrics` and
-    /// `GET /admin/shards` read them, each with its own wait.
-    pub fn ask_shards_for_metrics(&self) -> (flume::Receiver<ShardMetrics>, usize) {
-        let (tx, rx) = flume::bounded(self.shard_commands.len());
-        let asked = self
-            .shard_commands
-            .iter()
-            .filter(|cmd| cmd.send(ShardCommand::CollectMetrics(tx.clone())).is_ok())
-            .count();
-        (rx, asked)
-    }
-
-    pub fn new(
-        config: Config,
-        shard_commands: Vec<flume::Sender<ShardCommand>>,
-        index_events: crossbeam_channel::Sender<IndexEvent>,
-        outcomes: crossbeam_channel::Sender<crate::coordinator::Outcome>,
-        access_log: Option<crossbeam_channel::Sender<crate::access_log::AccessRecord>>,
-    ) -> Shared {
-        let epoch = Instant::now();
-        let shards = config.server.shards.get();
-        Shared {
-            kv_events: (0..config.backends.len())
-                .map(|_| Default::default())
-                .collect(),
-            index_events,
-            outcomes,
-            access_log,
-            spans: None,
-            cluster: None,
-            span_counters: Default::default(),
-            replica_sent: ReplicaSent::new(shard_commands.len()),
-            coordinator_received: AtomicU64::new(0),
-            index_blocks: AtomicU64::new(0),
-            epoch,
-            placements: crate::placement::Placements::new(config.server.shards.get()),
-            in_flight: match config.cluster {
-                Some(_) => InFlight::with_peers(shards, MAX_BACKEND_SLOTS),
-                None => InFlight::new(shards, MAX_BACKEND_SLOTS),
-            },
-            pending_prefill: PendingPrefill::new(shards, MAX_BACKEND_SLOTS, epoch),
-            shard_commands,
-            config,
-        }
-    }
-
-    /// The index's logical clock.
-    pub fn now_ms(&self) -> u64 {
-        self.ms_at(Instant::now())
-    }
-
-    /// The index's logical clock at `at`, a clock reading the caller already has.
-    pub fn ms_at(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_millis() as u64
-    }
-}
-
-pub enum ShardCommand {
-    /// A new fleet snapshot, installed between requests.
-    Fleet(Arc<FleetSnapshot>),
-    /// An index event another shard originated, to apply to this replica.
-    Replicate(Arc<IndexEvent>),
-    CollectMetrics(flume::Sender<ShardMetrics>),
-}
 
 pub struct Shard {
     pub id: usize,
@@ -268,7 +159,7 @@ impl Shard {
             let _ = self
                 .shared
                 .outcomes
-                .send(crate::coordinator::Outcome { backend, ok });
+                .send(crate::control::Outcome { backend, ok });
         }
     }
 

@@ -65,9 +65,9 @@ impl Throttle {
     }
 }
 
-/// A request admitted under its tenant's limits; releases the concurrency slot on
-/// drop.
-pub struct Admission<'t> {
+/// A request's grant under its tenant's quotas (what it was charged); releases the
+/// concurrency slot on drop. (TTFT admission is `proxy::admit::Admission`.)
+pub struct QuotaGrant<'t> {
     pub tenant: &'t Tenant,
     /// Requests charged (1, or a workflow's nodes).
     pub charged_requests: u64,
@@ -75,7 +75,7 @@ pub struct Admission<'t> {
     pub charged_tokens: u64,
 }
 
-impl Admission<'_> {
+impl QuotaGrant<'_> {
     /// The request was not served after all (shed by admission): give its request
     /// and tokens back. The concurrency slot is released on drop as usual.
     pub fn refund(&self, now_ms: u64) {
@@ -88,7 +88,7 @@ impl Admission<'_> {
     }
 }
 
-impl Drop for Admission<'_> {
+impl Drop for QuotaGrant<'_> {
     fn drop(&mut self) {
         if self.tenant.max_concurrency.is_some() {
             self.tenant.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -98,7 +98,7 @@ impl Drop for Admission<'_> {
 
 impl Tenant {
     /// Checks concurrency, then requests, then tokens (`cost_tokens` up front).
-    pub fn admit(&self, cost_tokens: u64, now_ms: u64) -> Result<Admission<'_>, Throttle> {
+    pub fn admit(&self, cost_tokens: u64, now_ms: u64) -> Result<QuotaGrant<'_>, Throttle> {
         self.admit_many(1, cost_tokens, now_ms)
     }
 
@@ -109,14 +109,14 @@ impl Tenant {
         requests: u64,
         cost_tokens: u64,
         now_ms: u64,
-    ) -> Result<Admission<'_>, Throttle> {
+    ) -> Result<QuotaGrant<'_>, Throttle> {
         if let Some(cap) = self.max_concurrency {
             if self.in_flight.fetch_add(1, Ordering::Relaxed) >= cap {
                 self.in_flight.fetch_sub(1, Ordering::Relaxed);
                 return Err(Throttle::Concurrency);
             }
         }
-        let admission = Admission {
+        let admission = QuotaGrant {
             tenant: self,
             charged_requests: requests,
             charged_tokens: 0,
@@ -370,21 +370,10 @@ impl KeyTable {
     }
 }
 
-/// Parses a 64-hex-digit SHA-256 digest.
-pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_digest;
 
     #[test]
     fn keys_and_digests() {

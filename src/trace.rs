@@ -11,68 +11,14 @@
 //! the span rather than wait. Upstream, the span of the attempt, leg or node becomes
 //! the engine's parent in the `traceparent` it sends, so engine traces join.
 
-use crate::access_log::{AccessRecord, InlineId};
+use crate::access_log::AccessRecord;
 use crate::http::request::RequestHead;
+use crate::otlp::{SpanKind, SpanRecord};
 use crate::shard::Shard;
 use std::time::Instant;
 
 /// Spans buffered between the shards and the exporter; past this, spans are dropped.
 pub const CHANNEL_CAPACITY: usize = 16 << 10;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpanKind {
-    /// The gateway's handling of one client request (OTLP SERVER).
-    Request,
-    /// One routing decision (OTLP INTERNAL).
-    Route,
-    /// One attempt against one backend (OTLP CLIENT).
-    Attempt,
-    /// A split request's prefill leg on a prefill backend (OTLP CLIENT).
-    PrefillLeg,
-    /// A split request's decode leg on a decode backend (OTLP CLIENT).
-    DecodeLeg,
-    /// One node of a workflow: its routing and upstream call (OTLP CLIENT).
-    Node,
-}
-
-impl SpanKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            SpanKind::Request => "request",
-            SpanKind::Route => "route",
-            SpanKind::Attempt => "upstream attempt",
-            SpanKind::PrefillLeg => "prefill leg",
-            SpanKind::DecodeLeg => "decode leg",
-            SpanKind::Node => "workflow node",
-        }
-    }
-}
-
-/// One finished span, as the shard saw it. Names are resolved on the exporter thread.
-#[derive(Clone, Copy)]
-pub struct SpanRecord {
-    pub kind: SpanKind,
-    pub trace_id: u128,
-    pub span_id: u64,
-    /// 0 for a root span.
-    pub parent_id: u64,
-    pub start: Instant,
-    pub end: Instant,
-    pub shard: usize,
-    pub backend: Option<usize>,
-    pub model: Option<usize>,
-    pub tenant: Option<usize>,
-    /// HTTP status (request, attempt); 0 when none.
-    pub status: u16,
-    /// Routing reason or error code.
-    pub reason: &'static str,
-    pub policy: &'static str,
-    /// 1-based attempt number (route, attempt spans); retries (request span).
-    pub attempt: u32,
-    pub matched_blocks: u32,
-    /// Request spans: the request id; workflow node spans: the node's id.
-    pub id: Option<InlineId>,
-}
 
 /// A request's trace context, copied out of its head for work that outlives the
 /// head's borrow (a workflow node's task, an SGLang prefill leg's task).

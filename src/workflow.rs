@@ -21,9 +21,10 @@ use crate::error::{write_json_string, ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
 use crate::metrics::RequestKey;
 use crate::openai::Endpoint;
-use crate::proxy::call::{call, CallFailed, Called};
+use crate::otlp::SpanKind;
+use crate::proxy::call::{call, Call, CallFailed, Called};
 use crate::shard::Shard;
-use crate::trace::{ChildSpan, SpanKind, TraceContext};
+use crate::trace::{ChildSpan, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::task::JoinHandle;
@@ -117,10 +118,14 @@ pub async fn serve(
             match t.admit_many(nodes.len() as u64, tokens, now) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
-                    return crate::proxy::answer_throttle(
-                        shard, client, head, request_id, tenant, t, throttle, received,
-                    )
-                    .await
+                    let refused = crate::proxy::Refused {
+                        head,
+                        request_id,
+                        tenant,
+                        started: received,
+                    };
+                    return crate::proxy::answer_throttle(shard, client, &refused, t, throttle)
+                        .await;
                 }
             }
         }
@@ -267,13 +272,15 @@ async fn run(
                 monoio::spawn(async move {
                     call(
                         &shard,
-                        endpoint,
-                        &body,
-                        &id,
-                        max_bytes,
-                        tenant_seed,
-                        group,
-                        trace,
+                        Call {
+                            endpoint,
+                            body: &body,
+                            request_id: &id,
+                            max_bytes,
+                            tenant_seed,
+                            group,
+                            trace,
+                        },
                     )
                     .await
                 }),

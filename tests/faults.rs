@@ -92,7 +92,9 @@ fn storm_of_503_opens_breaker_then_recovers(io: &str) {
     let gw = start_gateway(
         io,
         1,
-        "[routing]\npolicy = \"round_robin\"\n[breaker]\nfailure_threshold = 3\nopen_ms = 300\n[health]\ninterval_ms = 60000",
+        // open_ms well past the 40 requests' time even on a loaded host: a breaker
+        // that half-opened during them would let a probe fail there too.
+        "[routing]\npolicy = \"round_robin\"\n[breaker]\nfailure_threshold = 3\nopen_ms = 3000\n[health]\ninterval_ms = 60000",
         &[("bad", bad.url(), "sim"), ("good", good.url(), "sim")],
     );
     let addr = gw.local_addr();
@@ -120,7 +122,7 @@ fn storm_of_503_opens_breaker_then_recovers(io: &str) {
     // The backend comes back (same address); after open_ms a probe closes the breaker.
     bad.stop();
     let _fixed = engine_sim::start(EngineConfig::instant("sim"), bad_addr, driver(io)).unwrap();
-    let recovered = eventually(Duration::from_secs(5), || {
+    let recovered = eventually(Duration::from_secs(10), || {
         let r = c.post("/v1/chat/completions", &body(99), &[]);
         assert_eq!(r.status, 200);
         r.header("x-router-backend") == Some("bad")

@@ -112,6 +112,9 @@ fn follow_ups_about_an_image_meet_its_engine(io: &str) {
     let first = Client::connect(addr).post("/v1/chat/completions", &image_question(url, "a"), &[]);
     assert_eq!(first.status, 200);
     let home = first.header("x-router-backend").unwrap().to_string();
+    // A follow-up may land on another shard (a new connection each): it must hold the
+    // first request's insert by then.
+    common::wait_replicated(addr);
     for q in ["b", "c", "d"] {
         let r = Client::connect(addr).post("/v1/chat/completions", &image_question(url, q), &[]);
         assert_eq!(

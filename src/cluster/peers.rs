@@ -124,11 +124,11 @@ impl Peers {
     }
 
     /// For `/admin/cluster`.
-    pub fn views(&self, now: Instant) -> Vec<super::PeerView> {
+    pub fn views(&self, now: Instant) -> Vec<crate::status::PeerView> {
         let mut v: Vec<_> = self
             .peers
             .iter()
-            .map(|(node, p)| super::PeerView {
+            .map(|(node, p)| crate::status::PeerView {
                 node: format!("{node:016x}"),
                 epoch: p.epoch,
                 seq: p.seq,

@@ -17,11 +17,13 @@
 //! routing goes on from local state. The subscriber counts and logs the outage.
 
 use super::wire::{self, BackendKey, Header, Op};
-use super::{backend_key, ClusterStatus, Share, RECONNECT_EVERY};
+use super::{backend_key, RECONNECT_EVERY};
 use crate::backends::LiveConfig;
 use crate::config::ClusterConfig;
+use crate::control::Share;
+use crate::control::Shared;
 use crate::replica::IndexOp;
-use crate::shard::Shared;
+use crate::status::ClusterStatus;
 use crossbeam_channel::{select, Receiver};
 use radixgate_orchestrator::BreakerState;
 use std::sync::atomic::Ordering;

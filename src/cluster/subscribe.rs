@@ -30,12 +30,13 @@
 
 use super::peers::{Peers, Verdict};
 use super::wire::{self, BackendKey, Header, Op};
-use super::{publish::backend_keys, ClusterStatus, Dropped, RECONNECT_EVERY};
-use crate::admin::AdminRequest;
+use super::{publish::backend_keys, RECONNECT_EVERY};
 use crate::backends::LiveConfig;
 use crate::config::ClusterConfig;
+use crate::control::AdminRequest;
+use crate::control::Shared;
 use crate::replica::{IndexEvent, IndexOp, Origin};
-use crate::shard::Shared;
+use crate::status::{ClusterStatus, Dropped};
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -290,7 +291,7 @@ impl Subscriber {
         let batch = match wire::decode(bytes, self.status.fingerprint) {
             Ok(b) => b,
             Err(e) => {
-                let why = Dropped::of(&e);
+                let why = super::dropped_of(&e);
                 self.status.count_dropped(why);
                 if !std::mem::replace(&mut self.logged[why as usize], true) {
                     tracing::warn!(error = %e, "cluster: dropped a bus message (logged once per kind; counted in radixgate_cluster_messages_dropped_total)");
@@ -530,7 +531,7 @@ impl Subscriber {
         let batch = match wire::decode(bytes, self.status.fingerprint) {
             Ok(b) => b,
             Err(e) => {
-                self.status.count_dropped(Dropped::of(&e));
+                self.status.count_dropped(super::dropped_of(&e));
                 tracing::warn!(error = %e, "cluster: a peer's snapshot did not decode; starting from what the bus brings");
                 return self.warmed(since, "");
             }

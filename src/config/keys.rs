@@ -242,6 +242,20 @@ pub fn render(path: &[String]) -> String {
     out
 }
 
+/// The key tree of `config` with its backends replaced by `backends` (the backend
+/// table in force, which admin API changes also edit).
+pub fn tree<'b>(
+    config: &super::Config,
+    backends: impl Iterator<Item = &'b super::BackendConfig>,
+) -> Value {
+    let mut tree = config.file.clone();
+    let entries = backends.map(|b| (b.id.clone(), b.file.clone())).collect();
+    if let Some(t) = tree.as_object_mut() {
+        t.insert("backends".into(), Value::Object(entries));
+    }
+    tree
+}
+
 /// The wire tree (serde's view of the file) keyed for diffing: `backends` and
 /// `tenants` become objects keyed by `id` and `name` (a later duplicate, which
 /// validation refuses anyway, is dropped).

@@ -283,6 +283,16 @@ fn parse_traceparent(value: &[u8]) -> Option<(u128, u64, u8)> {
     Some((trace, parent, u8::from_str_radix(flags, 16).ok()?))
 }
 
+/// The token of an `Authorization: Bearer <token>` value.
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let v = value.trim_ascii();
+    if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+        Some(v[7..].trim_ascii())
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -149,6 +149,16 @@ pub fn parse_response_head(
     Ok(Some(len))
 }
 
+/// `fmt::Write` into a byte vector.
+pub struct Utf8Vec<'a>(pub &'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8Vec<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,17 +10,17 @@
 //! `slo_unattainable` (estimate over budget) or 503 `overloaded` (the tier is shed
 //! under fleet pressure, or the edge queue is full or timed out), both with
 //! `Retry-After`. A request that must wait (every candidate saturated) waits in the
-//! shard's [`EdgeQueue`](super::queue::EdgeQueue).
+//! shard's [`EdgeQueue`](crate::shard::edge_queue::EdgeQueue).
 //!
 //! Requests with no budget, whose tier is never shed and with no edge queue
 //! configured skip all of this (no index lookup, no cost).
 
-use super::queue::EdgeQueue;
 use super::route::{routing_facts, with_fleet};
 use crate::config::TierConfig;
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::request::RequestHead;
 use crate::openai::RequestFacts;
+use crate::shard::edge_queue::EdgeQueue;
 use crate::shard::Shard;
 use monoio::time::Instant;
 use radixgate_orchestrator::admission::{decide, fleet_pressure};

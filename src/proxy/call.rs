@@ -10,7 +10,7 @@
 
 use super::exchange::Exchange;
 use super::route::{route, routing_facts, ProbeGuard};
-use super::{parse_prompt, with_cache_salt, write_upstream_head_for};
+use super::{parse_prompt, with_cache_salt, write_upstream_head_for, UpstreamHead};
 use crate::error::GatewayError;
 use crate::fleet::InFlightGuard;
 use crate::observe::{Usage, UsageScanner};
@@ -42,24 +42,37 @@ pub struct CallFailed {
     pub backend: Option<usize>,
 }
 
-/// Routes `body` (a complete OpenAI request for `endpoint`) and runs it, reading the
-/// response (at most `max_bytes`) whole. `tenant_seed`: under tenant prefix
-/// isolation, the tenant's seed, which salts the hash chain and the engine's cache
-/// (`cache_salt`) as for the tenant's own requests. `group`: a session key, as
-/// `X-Session-ID` gives one, that keeps calls sharing it on one backend while that
-/// backend has room. `trace`: the client request's trace context and the span the
-/// upstream `traceparent` names as parent (the node's; 0 passes the client's through).
-#[allow(clippy::too_many_arguments)]
-pub async fn call(
-    shard: &Rc<Shard>,
-    endpoint: Endpoint,
-    body: &[u8],
-    request_id: &str,
-    max_bytes: usize,
-    tenant_seed: Option<u64>,
-    group: Option<u64>,
-    trace: (TraceContext, u64),
-) -> Result<Called, CallFailed> {
+/// A call the gateway makes on its own account (a workflow node).
+pub struct Call<'a> {
+    pub endpoint: Endpoint,
+    /// A complete OpenAI request for `endpoint`.
+    pub body: &'a [u8],
+    pub request_id: &'a str,
+    /// The most response bytes read.
+    pub max_bytes: usize,
+    /// Under tenant prefix isolation, the tenant's seed, which salts the hash chain
+    /// and the engine's cache (`cache_salt`) as for the tenant's own requests.
+    pub tenant_seed: Option<u64>,
+    /// A session key, as `X-Session-ID` gives one, that keeps calls sharing it on one
+    /// backend while that backend has room.
+    pub group: Option<u64>,
+    /// The client request's trace context and the span the upstream `traceparent`
+    /// names as parent (the node's; 0 passes the client's through).
+    pub trace: (TraceContext, u64),
+}
+
+/// Routes the call's body and runs it, reading the response (at most `max_bytes`)
+/// whole.
+pub async fn call(shard: &Rc<Shard>, what: Call<'_>) -> Result<Called, CallFailed> {
+    let Call {
+        endpoint,
+        body,
+        request_id,
+        max_bytes,
+        tenant_seed,
+        group,
+        trace,
+    } = what;
     let failed = |error| CallFailed {
         error,
         backend: None,
@@ -98,11 +111,13 @@ pub async fn call(
     write_upstream_head_for(
         shard,
         &mut request,
-        path,
-        b"Content-Type: application/json\r\n",
-        body.len(),
-        backend,
-        request_id,
+        &UpstreamHead {
+            path,
+            forward_headers: b"Content-Type: application/json\r\n",
+            body_len: body.len(),
+            backend,
+            request_id,
+        },
         (&trace.0, trace.1),
     );
     request.extend_from_slice(body);

@@ -20,12 +20,12 @@ use super::wire::Outgoing;
 use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::io::{peer_closed, read_append};
+use crate::http::response::Utf8Vec;
 use crate::http::response::{parse_response_head, ResponseHead};
 use crate::http::BodyFraming;
 use crate::metrics::RequestKey;
 use crate::observe::UsageScanner;
 use crate::openai::RequestFacts;
-use crate::server::Utf8Vec;
 use crate::shard::Shard;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
@@ -255,17 +255,19 @@ impl Exchange<'_> {
 
     /// Runs the attempt. With `may_retry`, a 5xx is not passed on but returned as
     /// [`Failure::Retryable`] (nothing has reached the client yet).
-    #[allow(clippy::too_many_arguments)]
     pub async fn run(
         &mut self,
         client: &mut TcpStream,
-        request: Vec<u8>,
-        body: Option<&Rc<Vec<u8>>>,
-        route: &Decision,
-        client_keep_alive: bool,
-        request_id: &str,
-        may_retry: bool,
+        attempt: Attempt<'_>,
     ) -> Result<bool, Failure> {
+        let Attempt {
+            request,
+            body,
+            route,
+            client_keep_alive,
+            request_id,
+            may_retry,
+        } = attempt;
         let shard = self.shard;
         let idle_timeout = shard.fleet.borrow().live.config.upstream.idle_timeout;
         let (mut upstream, mut buf, head_len, mut resp) =
@@ -629,6 +631,18 @@ impl Exchange<'_> {
             }
         }
     }
+}
+
+/// One attempt's inputs: the upstream request (its head, and the body unless `body`
+/// carries it), the decision it carries out, and what the client asked for.
+pub struct Attempt<'a> {
+    pub request: Vec<u8>,
+    pub body: Option<&'a Rc<Vec<u8>>>,
+    pub route: &'a Decision,
+    pub client_keep_alive: bool,
+    pub request_id: &'a str,
+    /// A 5xx is not passed on but returned as [`Failure::Retryable`].
+    pub may_retry: bool,
 }
 
 async fn connect(

@@ -12,7 +12,6 @@ mod admit;
 pub mod call;
 mod disagg;
 mod exchange;
-pub mod queue;
 mod route;
 mod wire;
 
@@ -22,14 +21,15 @@ use crate::config::Hashing;
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
+use crate::http::response::Utf8Vec;
 use crate::observe::Usage;
 use crate::observe::UsageScanner;
 use crate::openai::{Endpoint, RequestFacts};
-use crate::server::Utf8Vec;
+use crate::otlp::SpanKind;
 use crate::shard::Shard;
 use crate::tenants::Throttle;
-use crate::trace::{SpanKind, TraceContext};
-use exchange::{router_headers, Exchange, Failure};
+use crate::trace::TraceContext;
+use exchange::{router_headers, Attempt, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -123,10 +123,13 @@ pub async fn forward(
             match t.admit(estimate, shared.now_ms()) {
                 Ok(a) => Some(a),
                 Err(throttle) => {
-                    return answer_throttle(
-                        shard, client, head, request_id, tenant, t, throttle, started,
-                    )
-                    .await
+                    let refused = Refused {
+                        head,
+                        request_id,
+                        tenant,
+                        started,
+                    };
+                    return answer_throttle(shard, client, &refused, t, throttle).await;
                 }
             }
         }
@@ -174,8 +177,13 @@ pub async fn forward(
                     "Retry-After: {}\r\n",
                     refusal.retry_after_secs()
                 );
-                return answer_refusal(shard, client, head, request_id, tenant, &e, extra, started)
-                    .await;
+                let refused = Refused {
+                    head,
+                    request_id,
+                    tenant,
+                    started,
+                };
+                return answer_refusal(shard, client, &refused, &e, extra).await;
             }
         }
     }
@@ -311,7 +319,7 @@ pub(crate) fn authenticate(
             Ok(None)
         };
     }
-    let key = crate::admin::bearer(head.authorization.as_bytes())
+    let key = crate::http::request::bearer(head.authorization.as_bytes())
         .ok_or_else(|| unauthorized("Malformed Authorization header; expected `Bearer <key>`."))?;
     match live.tenants.lookup(key) {
         Some(t) => Ok(Some(t)),
@@ -320,18 +328,24 @@ pub(crate) fn authenticate(
     }
 }
 
+/// A request the gateway answers itself before routing it (a quota's 429, an
+/// admission refusal): what the answer, the access log and the trace need of it.
+pub(crate) struct Refused<'a> {
+    pub head: &'a RequestHead,
+    pub request_id: &'a str,
+    pub tenant: Option<usize>,
+    pub started: Instant,
+}
+
 /// 429 with `Retry-After` and the tenant's `X-RateLimit-*` headers.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer_throttle(
     shard: &Shard,
     client: &mut TcpStream,
-    head: &RequestHead,
-    request_id: &str,
-    tenant_idx: Option<usize>,
+    refused: &Refused<'_>,
     tenant: &crate::tenants::Tenant,
     throttle: Throttle,
-    started: Instant,
 ) -> Result<bool, GatewayError> {
+    let tenant_idx = refused.tenant;
     let now = shard.shared.now_ms();
     let limit = throttle.as_str();
     *shard
@@ -355,10 +369,7 @@ pub(crate) async fn answer_throttle(
         throttle.retry_after_secs()
     );
     tenant.rate_limit_headers(now, &mut extra);
-    answer_refusal(
-        shard, client, head, request_id, tenant_idx, &e, extra, started,
-    )
-    .await
+    answer_refusal(shard, client, refused, &e, extra).await
 }
 
 /// Counts one admission decision for the metrics.
@@ -378,17 +389,19 @@ pub(super) fn count_admission(
 
 /// Answers a request the gateway refused before routing (quota, admission), with
 /// `extra` header lines; logs and counts it.
-#[allow(clippy::too_many_arguments)]
 async fn answer_refusal(
     shard: &Shard,
     client: &mut TcpStream,
-    head: &RequestHead,
-    request_id: &str,
-    tenant: Option<usize>,
+    refused: &Refused<'_>,
     e: &GatewayError,
     mut extra: Vec<u8>,
-    started: Instant,
 ) -> Result<bool, GatewayError> {
+    let &Refused {
+        head,
+        request_id,
+        tenant,
+        started,
+    } = refused;
     let _ = write!(Utf8Vec(&mut extra), "X-Request-Id: {request_id}\r\n");
     let total_us = started.elapsed().as_micros() as u64;
     let record = AccessRecord::refused(shard.id, request_id, head.trace_id, tenant, e, total_us);
@@ -558,12 +571,14 @@ async fn attempt_all(
         let result = exchange
             .run(
                 client,
-                request,
-                Some(body),
-                &route,
-                head.keep_alive,
-                request_id,
-                may_retry,
+                Attempt {
+                    request,
+                    body: Some(body),
+                    route: &route,
+                    client_keep_alive: head.keep_alive,
+                    request_id,
+                    may_retry,
+                },
             )
             .await;
         if let Some(mut span) = crate::trace::child(shard, SpanKind::Attempt, attempt_span) {
@@ -708,6 +723,16 @@ async fn answer_error(
     Ok(r.is_ok() && keep_alive)
 }
 
+/// What an upstream request head says, for `backend`: the request line's path, the
+/// forwarded header lines (complete lines), the body's length and the request id.
+struct UpstreamHead<'a> {
+    path: &'a str,
+    forward_headers: &'a [u8],
+    body_len: usize,
+    backend: usize,
+    request_id: &'a str,
+}
+
 /// The upstream request head for a client's request: its path and forwarded
 /// headers, the `traceparent` naming `span` (the attempt's or leg's) as the parent
 /// (0: the client's own span, passed through; nothing when the request is not
@@ -721,56 +746,38 @@ fn write_upstream_head(
     request_id: &str,
     span: u64,
 ) {
-    write_head_lines(
-        shard,
-        out,
-        &head.path,
-        &head.forward_headers,
+    let upstream = UpstreamHead {
+        path: &head.path,
+        forward_headers: &head.forward_headers,
         body_len,
         backend,
         request_id,
-    );
-    crate::trace::write_traceparent(out, &TraceContext::of(head), span);
-    out.extend_from_slice(b"\r\n");
+    };
+    write_upstream_head_for(shard, out, &upstream, (&TraceContext::of(head), span));
 }
 
-/// The upstream request head for `path`, with `forward_headers` (complete lines), for
-/// a request the gateway makes itself (a workflow node), with the `traceparent` of
-/// the client request's context `cx` naming `span` (the node's) as parent.
-#[allow(clippy::too_many_arguments)]
+/// The upstream request head `upstream`, with the `traceparent` of the client
+/// request's context `cx` naming `span` as parent, and the blank line.
 fn write_upstream_head_for(
     shard: &Shard,
     out: &mut Vec<u8>,
-    path: &str,
-    forward_headers: &[u8],
-    body_len: usize,
-    backend: usize,
-    request_id: &str,
+    upstream: &UpstreamHead<'_>,
     (cx, span): (&TraceContext, u64),
 ) {
-    write_head_lines(
-        shard,
-        out,
-        path,
-        forward_headers,
-        body_len,
-        backend,
-        request_id,
-    );
+    write_head_lines(shard, out, upstream);
     crate::trace::write_traceparent(out, cx, span);
     out.extend_from_slice(b"\r\n");
 }
 
 /// The request line and header lines, without the blank line that ends the head.
-fn write_head_lines(
-    shard: &Shard,
-    out: &mut Vec<u8>,
-    path: &str,
-    forward_headers: &[u8],
-    body_len: usize,
-    backend: usize,
-    request_id: &str,
-) {
+fn write_head_lines(shard: &Shard, out: &mut Vec<u8>, upstream: &UpstreamHead<'_>) {
+    let &UpstreamHead {
+        path,
+        forward_headers,
+        body_len,
+        backend,
+        request_id,
+    } = upstream;
     let fleet = shard.fleet.borrow();
     let b = fleet.live.backends.config(backend);
     out.extend_from_slice(b"POST ");

@@ -24,7 +24,7 @@
 mod body;
 mod pair;
 
-use super::exchange::{router_headers, Exchange, Failure};
+use super::exchange::{router_headers, Attempt, Exchange, Failure};
 use super::route::{roll_back, ProbeGuard};
 use super::{answer_error, attempt_all, log, log_answer, write_upstream_head, Request};
 use crate::config::{DisaggConfig, Protocol};
@@ -32,8 +32,9 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::metrics::RequestKey;
 use crate::observe::{Usage, UsageScanner};
+use crate::otlp::SpanKind;
 use crate::shard::Shard;
-use crate::trace::{ChildSpan, SpanKind, TraceContext};
+use crate::trace::{ChildSpan, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -129,33 +130,15 @@ pub(super) async fn forward(
         }
         let may_retry_decode = decode_failures + 1 < split.decode_attempts;
         let _probe = ProbeGuard::enter(shard, &prefill);
+        let pair = Pair {
+            split,
+            prefill: &prefill,
+            decode: &decode,
+            may_retry_decode,
+        };
         let outcome = match split.protocol {
-            Protocol::Vllm => {
-                vllm(
-                    shard,
-                    client,
-                    req,
-                    body,
-                    split,
-                    &prefill,
-                    &decode,
-                    may_retry_decode,
-                )
-                .await
-            }
-            Protocol::Sglang => {
-                sglang(
-                    shard,
-                    client,
-                    req,
-                    body,
-                    split,
-                    &prefill,
-                    &decode,
-                    may_retry_decode,
-                )
-                .await
-            }
+            Protocol::Vllm => vllm(shard, client, req, body, &pair).await,
+            Protocol::Sglang => sglang(shard, client, req, body, &pair).await,
         };
         match outcome {
             Split::Done(keep_open, usage) => {
@@ -294,17 +277,28 @@ async fn answer(
     Ok((keep, Usage::default()))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A split request's two decisions, how the model is split, and whether a failed
+/// decode leg may still be retried.
+struct Pair<'a> {
+    split: &'a DisaggConfig,
+    prefill: &'a Decision,
+    decode: &'a Decision,
+    may_retry_decode: bool,
+}
+
 async fn vllm(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
     body: &[u8],
-    split: &DisaggConfig,
-    prefill: &Decision,
-    decode: &Decision,
-    may_retry_decode: bool,
+    pair: &Pair<'_>,
 ) -> Split {
+    let &Pair {
+        split,
+        prefill,
+        decode,
+        may_retry_decode,
+    } = pair;
     let p = prefill.pick.backend;
     let leg_body = match body::vllm_prefill(body) {
         Ok(b) => b,
@@ -344,17 +338,19 @@ async fn vllm(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn sglang(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
     req: &Request<'_>,
     body: &[u8],
-    split: &DisaggConfig,
-    prefill: &Decision,
-    decode: &Decision,
-    may_retry_decode: bool,
+    pair: &Pair<'_>,
 ) -> Split {
+    let &Pair {
+        split,
+        prefill,
+        decode,
+        may_retry_decode,
+    } = pair;
     let p = prefill.pick.backend;
     let backend = shard.backend(p);
     let Some(port) = backend.bootstrap_port else {
@@ -529,12 +525,14 @@ async fn decode_leg(
     let result = exchange
         .run(
             client,
-            request,
-            None,
-            route,
-            req.head.keep_alive,
-            req.request_id,
-            may_retry,
+            Attempt {
+                request,
+                body: None,
+                route,
+                client_keep_alive: req.head.keep_alive,
+                request_id: req.request_id,
+                may_retry,
+            },
         )
         .await;
     {
