@@ -488,11 +488,58 @@ fn default_cache_blocks() -> usize {
 
 // === runtime config ===
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IoMode {
     Auto,
     IoUring,
     Epoll,
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `tenancy.prefix_isolation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PrefixIsolation {
+    Global,
+    Tenant,
+}
+
+/// `routing.hashing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum HashingMode {
+    Bytes,
+    Tokens,
+    Precise,
+}
+
+/// An enum's value from its string, by the enum's own serde names (the error lists
+/// the accepted ones): config values and command-line flags alike.
+pub fn parse_enum<T: serde::de::DeserializeOwned>(value: &str) -> Result<T, String> {
+    use serde::de::IntoDeserializer;
+    T::deserialize(value.into_deserializer()).map_err(|e: serde::de::value::Error| e.to_string())
+}
+
+/// [`parse_enum`] for a config key: an unknown value is reported under `key` and
+/// `fallback` stands in, so that every error of a file is reported at once.
+pub(crate) fn enum_value<T: serde::de::DeserializeOwned>(
+    key: &str,
+    value: &str,
+    fallback: T,
+    errors: &mut Vec<String>,
+) -> T {
+    parse_enum(value).unwrap_or_else(|e| {
+        errors.push(format!("{key}: {e}"));
+        fallback
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -971,17 +1018,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         Some(n) => NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN),
         None => NonZeroUsize::new(default_shards).unwrap_or(NonZeroUsize::MIN),
     };
-    let io = match s.io.as_str() {
-        "auto" => IoMode::Auto,
-        "io_uring" => IoMode::IoUring,
-        "epoll" => IoMode::Epoll,
-        other => {
-            errors.push(format!(
-                "server.io: unknown driver `{other}`; expected auto, io_uring or epoll"
-            ));
-            IoMode::Auto
-        }
-    };
+    let io = enum_value("server.io", &s.io, IoMode::Auto, errors);
     check_cores(&s.cores, host_core_count(), errors);
     if s.max_body_bytes == 0 {
         errors.push("server.max_body_bytes: must be greater than 0".into());
@@ -1188,31 +1225,20 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         half_open_probes: bw.half_open_probes,
     };
     let admin = validate_admin(wire.admin, errors);
-    let json = match wire.log.format.as_str() {
-        "text" => false,
-        "json" => true,
-        other => {
-            errors.push(format!(
-                "log.format: unknown format `{other}`; expected text or json"
-            ));
-            false
-        }
-    };
+    let json =
+        enum_value("log.format", &wire.log.format, LogFormat::Text, errors) == LogFormat::Json;
     let log = LogConfig {
         json,
         level: wire.log.level,
         access: wire.log.access,
     };
-    let tenant_prefix_isolation = match wire.tenancy.prefix_isolation.as_str() {
-        "global" => false,
-        "tenant" => true,
-        other => {
-            errors.push(format!(
-                "tenancy.prefix_isolation: unknown mode `{other}`; expected global or tenant"
-            ));
-            false
-        }
-    };
+    let isolation = &wire.tenancy.prefix_isolation;
+    let tenant_prefix_isolation = enum_value(
+        "tenancy.prefix_isolation",
+        isolation,
+        PrefixIsolation::Global,
+        errors,
+    ) == PrefixIsolation::Tenant;
     let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
     let workflows = workflows::validate(wire.workflows, errors);
     let mut tenants = Vec::with_capacity(wire.tenants.len());
@@ -1325,17 +1351,23 @@ fn validate_hashing(
         errors.push("routing.block_tokens: must be at least 1".into());
         NonZeroUsize::MIN
     });
+    let mode = enum_value("routing.hashing", mode, HashingMode::Bytes, errors);
     match mode {
-        "bytes" => Hashing::Bytes,
-        "tokens" | "precise" => {
+        HashingMode::Bytes => Hashing::Bytes,
+        HashingMode::Tokens | HashingMode::Precise => {
             let Some(path) = tokenizer else {
+                let name = if mode == HashingMode::Precise {
+                    "precise"
+                } else {
+                    "tokens"
+                };
                 errors.push(format!(
-                    "routing.tokenizer: required when routing.hashing = \"{mode}\" \
+                    "routing.tokenizer: required when routing.hashing = \"{name}\" \
                      (the path of a tokenizer.json)"
                 ));
                 return Hashing::Bytes;
             };
-            let template = if mode == "precise" {
+            let template = if mode == HashingMode::Precise {
                 let Some(t) = chat_template.or_else(|| ChatTemplate::find_beside(&path)) else {
                     errors.push(format!(
                         "routing.chat_template: required in precise mode (no \
@@ -1367,12 +1399,6 @@ fn validate_hashing(
                     Hashing::Bytes
                 }
             }
-        }
-        other => {
-            errors.push(format!(
-                "routing.hashing: unknown mode `{other}`; expected bytes, tokens or precise"
-            ));
-            Hashing::Bytes
         }
     }
 }
@@ -1602,7 +1628,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("routing.hashing: unknown mode `words`"),
+            err.contains("routing.hashing: unknown variant `words`, expected one of `bytes`, `tokens`, `precise`"),
             "{err}"
         );
         assert!(

@@ -149,13 +149,7 @@ struct EngineArgs {
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
-    match s {
-        "vllm" => Ok(Protocol::Vllm),
-        "sglang" => Ok(Protocol::Sglang),
-        other => Err(format!(
-            "unknown protocol `{other}`; expected vllm or sglang"
-        )),
-    }
+    radixgate::config::parse_enum(s)
 }
 
 /// Logs go to stderr (buffered on the access-log thread: [`radixgate::log_writer`]);
@@ -326,12 +320,10 @@ fn main() -> ExitCode {
         Command::EngineSim(a) => {
             let a = *a;
             init_logging("info", false);
-            let io = match a.io.as_str() {
-                "auto" => IoMode::Auto,
-                "io_uring" => IoMode::IoUring,
-                "epoll" => IoMode::Epoll,
-                other => {
-                    eprintln!("--io: unknown driver `{other}`; expected auto, io_uring or epoll");
+            let io: IoMode = match radixgate::config::parse_enum(&a.io) {
+                Ok(io) => io,
+                Err(e) => {
+                    eprintln!("--io: {e}");
                     return ExitCode::FAILURE;
                 }
             };

@@ -8,7 +8,7 @@
 //! serve requests whole; for a split model they, and the decode backends, take the
 //! requests the gateway serves locally (conditional disaggregation, fallback).
 
-use super::BackendConfig;
+use super::{enum_value, BackendConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,8 +17,17 @@ use std::time::Duration;
 /// A backend's part in a split pool (`backends[].role`): routing's own type.
 pub use radixgate_orchestrator::Role;
 
+/// `models.<name>.disagg.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SplitMode {
+    Conditional,
+    Always,
+}
+
 /// How the two legs of a split request are run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Protocol {
     /// vLLM (NIXL / Mooncake connectors): prefill first, its `kv_transfer_params`
     /// into the decode request.
@@ -134,26 +143,19 @@ pub(super) fn validate_models(
     for (name, m) in wire {
         let Some(d) = m.disagg else { continue };
         let at = format!("models.{name}.disagg");
-        let protocol = match d.protocol.as_str() {
-            "vllm" => Protocol::Vllm,
-            "sglang" => Protocol::Sglang,
-            other => {
-                errors.push(format!(
-                    "{at}.protocol: unknown protocol `{other}`; expected vllm or sglang"
-                ));
-                Protocol::Vllm
-            }
-        };
-        let always = match d.mode.as_str() {
-            "always" => true,
-            "conditional" => false,
-            other => {
-                errors.push(format!(
-                    "{at}.mode: unknown mode `{other}`; expected always or conditional"
-                ));
-                false
-            }
-        };
+        let protocol = enum_value(
+            &format!("{at}.protocol"),
+            &d.protocol,
+            Protocol::Vllm,
+            errors,
+        );
+        let mode = enum_value(
+            &format!("{at}.mode"),
+            &d.mode,
+            SplitMode::Conditional,
+            errors,
+        );
+        let always = mode == SplitMode::Always;
         if !(d.transfer_us_per_token >= 0.0 && d.transfer_us_per_token.is_finite()) {
             errors.push(format!(
                 "{at}.transfer_us_per_token: must be a non-negative number"
@@ -341,8 +343,8 @@ mod tests {
         )
         .unwrap_err();
         for want in [
-            "models.m.disagg.protocol: unknown protocol `grpc`",
-            "models.m.disagg.mode: unknown mode `sometimes`",
+            "models.m.disagg.protocol: unknown variant `grpc`, expected `vllm` or `sglang`",
+            "models.m.disagg.mode: unknown variant `sometimes`, expected `conditional` or `always`",
             "models.m.disagg.prefill_attempts: must be at least 1",
             "models.m.disagg.prefill_timeout_ms: must be greater than 0",
             "backends[1].bootstrap_port: only a `prefill` backend",
