@@ -126,9 +126,13 @@ fn concurrency_cap(io: &str) {
 both_drivers!(concurrency_cap);
 
 fn token_charges_are_reconciled_with_usage(io: &str) {
-    // The engine reports 10 tokens used although 900 were charged up front.
+    // The engine reports 90 tokens used although 900 were charged up front. The
+    // bucket (1000 tokens, 1000/s) then holds 910, enough for a second 900 only with
+    // the refund, and 820 after it: a request that needs the whole bucket is refused
+    // unless 180 ms pass in between (a margin for a loaded host; with 10 tokens
+    // reported it was 20 ms).
     let up = ScriptedUpstream::start(Script::Reply(vec![
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 51\r\n\r\n{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":5}}".to_vec(),
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 53\r\n\r\n{\"usage\":{\"prompt_tokens\":45,\"completion_tokens\":45}}".to_vec(),
     ]));
     let gw = start_gateway(io, 1, &tenants_toml(""), &[("b0", up.url(), "sim")]);
     let addr = gw.local_addr();

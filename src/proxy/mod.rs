@@ -27,7 +27,7 @@ use crate::observe::UsageScanner;
 use crate::openai::{Endpoint, RequestFacts};
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
-use crate::tenants::Throttle;
+use crate::tenants::{QuotaGrant, Tenant, Throttle};
 use crate::trace::TraceContext;
 use exchange::{router_headers, Attempt, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
@@ -61,10 +61,12 @@ struct Request<'a> {
     reason: Option<radixgate_orchestrator::Reason>,
 }
 
-/// Forwards one model request: authenticate, parse, admit under the tenant's quotas,
-/// then route and fail over (see [`attempt_all`]). `Err` means nothing was written to
-/// the client yet (the caller renders the error); `Ok(keep_open)` means a response
-/// went out.
+/// Forwards one model request, in steps: [`authenticate`], [`read_prompt`], the TTFT
+/// budget, [`charge_quota`] (the tenant's quotas), [`admit_ttft`] (the budget,
+/// shedding, the edge queue), [`salt_for_tenant`], then route and fail over ([`attempt_all`],
+/// or [`disagg::forward`] for a split model), and [`reconcile_quota`] with the
+/// engine's usage. `Err` means nothing was written to the client yet (the caller
+/// renders the error); `Ok(keep_open)` means a response went out.
 pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut TcpStream,
@@ -74,33 +76,111 @@ pub async fn forward(
     request_id: &str,
     started: Instant,
 ) -> Result<bool, GatewayError> {
-    let shared = &shard.shared;
-    let body: &[u8] = client_body;
     // The live settings and tenants as of this snapshot, for the whole request.
     let live = shard.fleet.borrow().live.clone();
     let tenant = authenticate(shard, &live, head)?;
-    let isolated = shared.config.tenant_prefix_isolation;
+    let prompt = read_prompt(shard, &live, endpoint, client_body, tenant)?;
+    let policy = policy_for(shard, head)?;
+    let tier = match tenant {
+        Some(t) => live.tenants.get(t).admission,
+        None => live.config.admission.anonymous,
+    };
+    let budget = admit::budget(head, &tier)?;
+    let refused = Refused {
+        head,
+        request_id,
+        tenant,
+        started,
+    };
+    let grant = match charge_quota(shard, &live, tenant, &prompt) {
+        Ok(grant) => grant,
+        Err((t, throttle)) => return answer_throttle(shard, client, &refused, t, throttle).await,
+    };
+    let gate = admit::Admission {
+        shard,
+        tenant,
+        facts: &prompt.facts,
+        tier,
+        budget,
+        started,
+    };
+    let blocks = match admit_ttft(&gate).await {
+        Ok(blocks) => blocks,
+        Err((refusal, e)) => {
+            if let Some(grant) = &grant {
+                grant.refund(shard.shared.now_ms());
+            }
+            let mut extra = Vec::with_capacity(64);
+            let _ = write!(
+                Utf8Vec(&mut extra),
+                "Retry-After: {}\r\n",
+                refusal.retry_after_secs()
+            );
+            return answer_refusal(shard, client, &refused, &e, extra).await;
+        }
+    };
+    let upstream_body = salt_for_tenant(shard, &live, tenant, &prompt.body);
+    let request = Request {
+        head,
+        request_id,
+        facts: prompt.facts,
+        policy,
+        tenant,
+        started,
+        blocks,
+        chunks: &prompt.chunks,
+        reason: None,
+    };
+    let split = live.split(request.facts.model).cloned();
+    let (keep_open, usage) = match split {
+        Some(split) => disagg::forward(shard, client, &request, &upstream_body, &split).await?,
+        None => attempt_all(shard, client, &request, &upstream_body).await?,
+    };
+    reconcile_quota(shard, grant.as_ref(), &usage);
+    Ok(keep_open)
+}
+
+/// A request's prompt, read: the body to send (a RAG request's normalised body, or
+/// the client's), its RAG chunk ids, what routing needs of it, and its size in
+/// tokens. The prompt's blocks are in the shard's scratch.
+struct Prompt {
+    body: Rc<Vec<u8>>,
+    chunks: Vec<u64>,
+    facts: RequestFacts,
+    tokens: u64,
+}
+
+/// Parses the body once and hashes its prompt (salted per tenant under prefix
+/// isolation). A RAG request (a chat body with the member `routing.rag_field`,
+/// noticed by the one parse) becomes a plain chat body first (crate::rag), which is
+/// parsed in turn.
+fn read_prompt(
+    shard: &Shard,
+    live: &LiveConfig,
+    endpoint: Endpoint,
+    client_body: &Rc<Vec<u8>>,
+    tenant: Option<usize>,
+) -> Result<Prompt, GatewayError> {
+    let isolated = shard.shared.config.tenant_prefix_isolation;
     let seed_mix = match (isolated, tenant) {
         (true, Some(t)) => live.tenants.get(t).seed,
         _ => 0,
     };
-    // A RAG request (a chat body with the member `routing.rag_field`, noticed by the
-    // one parse) becomes a plain chat body first (crate::rag), which is parsed in turn.
     let rag_field = &*live.config.routing.rag_field;
     let stop_at = (endpoint == Endpoint::ChatCompletions).then_some(rag_field);
-    let parsed = parse_prompt_unless_member(shard, endpoint, body, seed_mix, stop_at)?;
-    let normalised = match parsed {
-        Some(_) => None,
-        None => crate::rag::normalise(body, rag_field)?.map(|n| (Rc::new(n.body), n.chunk_ids)),
-    };
-    let (body_shared, chunks) = match &normalised {
-        Some((body, chunks)) => (body, &chunks[..]),
-        None => (client_body, &[][..]),
-    };
-    let body: &[u8] = body_shared;
-    let (facts, prompt_tokens) = match parsed {
-        Some(parsed) => parsed,
-        None => parse_prompt(shard, endpoint, body, seed_mix)?,
+    let parsed = parse_prompt_unless_member(shard, endpoint, client_body, seed_mix, stop_at)?;
+    let (body, chunks, (facts, tokens)) = match parsed {
+        Some(parsed) => (client_body.clone(), Vec::new(), parsed),
+        None => match crate::rag::normalise(client_body, rag_field)? {
+            Some(n) => {
+                let parsed = parse_prompt(shard, endpoint, &n.body, seed_mix)?;
+                (Rc::new(n.body), n.chunk_ids, parsed)
+            }
+            None => {
+                let parsed = parse_prompt(shard, endpoint, client_body, seed_mix)?;
+                (client_body.clone(), Vec::new(), parsed)
+            }
+        },
     };
     if isolated && tenant.is_some() && facts.has_cache_salt {
         return Err(GatewayError::invalid_param(
@@ -108,125 +188,94 @@ pub async fn forward(
             "`cache_salt` is set by the gateway under tenant prefix isolation",
         ));
     }
-    let policy = policy_for(shard, head)?;
-    let tier = match tenant {
-        Some(t) => live.tenants.get(t).admission,
-        None => live.config.admission.anonymous,
-    };
-    let budget = admit::budget(head, &tier)?;
-    let admission = match tenant.map(|t| &**live.tenants.get(t)) {
-        None => None,
-        Some(t) => {
-            let estimate = prompt_tokens
-                + u64::from(facts.media.tokens())
-                + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
-            match t.admit(estimate, shared.now_ms()) {
-                Ok(a) => Some(a),
-                Err(throttle) => {
-                    let refused = Refused {
-                        head,
-                        request_id,
-                        tenant,
-                        started,
-                    };
-                    return answer_throttle(shard, client, &refused, t, throttle).await;
-                }
-            }
-        }
-    };
-    let gate = admit::Admission {
-        shard,
-        tenant,
-        facts: &facts,
-        tier,
-        budget,
-        started,
-    };
-    let mut blocks = None;
-    if gate.applies() {
-        let first = gate.first(&shard.prompt_blocks());
-        let outcome = match first {
-            Ok(None) => Ok(admit::Admitted::Direct),
-            Ok(Some(deadline)) => {
-                let copy: Arc<[u64]> = (*shard.prompt_blocks()).into();
-                let r = gate.wait(&copy, deadline).await;
-                blocks = Some(copy);
-                r.map(|()| admit::Admitted::AfterQueue)
-            }
-            Err(refusal) => Err(refusal),
-        };
-        match outcome {
-            Ok(how) => count_admission(
-                shard,
-                tenant,
-                "admitted",
-                if how == admit::Admitted::AfterQueue {
-                    "after_queue"
-                } else {
-                    "direct"
-                },
-            ),
-            Err((refusal, e)) => {
-                count_admission(shard, tenant, "shed", refusal.as_str());
-                if let Some(a) = &admission {
-                    a.refund(shared.now_ms());
-                }
-                let mut extra = Vec::with_capacity(64);
-                let _ = write!(
-                    Utf8Vec(&mut extra),
-                    "Retry-After: {}\r\n",
-                    refusal.retry_after_secs()
-                );
-                let refused = Refused {
-                    head,
-                    request_id,
-                    tenant,
-                    started,
-                };
-                return answer_refusal(shard, client, &refused, &e, extra).await;
-            }
-        }
-    }
-    // Tenant isolation: the engine's cache is salted per tenant too (vLLM cache_salt).
-    let salted;
-    let upstream_body = match (isolated, tenant) {
-        (true, Some(t)) => {
-            salted = Rc::new(with_cache_salt(body, live.tenants.get(t).seed));
-            &salted
-        }
-        _ => body_shared,
-    };
-    let request = Request {
-        head,
-        request_id,
-        facts,
-        policy,
-        tenant,
-        started,
-        blocks,
+    Ok(Prompt {
+        body,
         chunks,
-        reason: None,
+        facts,
+        tokens,
+    })
+}
+
+/// Charges the tenant's quotas up front (the prompt's tokens, its media and the
+/// completion it may ask for); `Err` is the tenant and the limit it hit.
+fn charge_quota<'l>(
+    shard: &Shard,
+    live: &'l LiveConfig,
+    tenant: Option<usize>,
+    prompt: &Prompt,
+) -> Result<Option<QuotaGrant<'l>>, (&'l Tenant, Throttle)> {
+    let Some(t) = tenant.map(|t| &**live.tenants.get(t)) else {
+        return Ok(None);
     };
-    let split = shard
-        .fleet
-        .borrow()
-        .live
-        .split(request.facts.model)
-        .cloned();
-    let (keep_open, usage) = match split {
-        Some(split) => disagg::forward(shard, client, &request, upstream_body, &split).await?,
-        None => attempt_all(shard, client, &request, upstream_body).await?,
+    let facts = &prompt.facts;
+    let estimate = prompt.tokens
+        + u64::from(facts.media.tokens())
+        + facts.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE);
+    t.admit(estimate, shard.shared.now_ms())
+        .map(Some)
+        .map_err(|throttle| (t, throttle))
+}
+
+/// TTFT admission (see [`admit`]): `Ok(blocks)` admitted, with the prompt's blocks
+/// copied off the shard's scratch when it had to wait in the edge queue; `Err`
+/// refused. Counted either way.
+async fn admit_ttft(
+    gate: &admit::Admission<'_>,
+) -> Result<Option<Arc<[u64]>>, (admit::Refusal, GatewayError)> {
+    if !gate.applies() {
+        return Ok(None);
+    }
+    let shard = gate.shard;
+    let first = gate.first(&shard.prompt_blocks());
+    let (outcome, blocks) = match first {
+        Ok(None) => (Ok(admit::Admitted::Direct), None),
+        Ok(Some(deadline)) => {
+            let copy: Arc<[u64]> = (*shard.prompt_blocks()).into();
+            let r = gate.wait(&copy, deadline).await;
+            (r.map(|()| admit::Admitted::AfterQueue), Some(copy))
+        }
+        Err(refusal) => (Err(refusal), None),
     };
-    // Reconcile the tokens charged up front with what the engine reported.
-    if let (Some(a), Some(prompt), Some(completion)) =
-        (&admission, usage.prompt_tokens, usage.completion_tokens)
-    {
-        if let Some(bucket) = &a.tenant.tokens {
-            let actual = (prompt + completion) as i64;
-            bucket.adjust(a.charged_tokens as i64 - actual, shared.now_ms());
+    match outcome {
+        Ok(how) => {
+            let how = match how {
+                admit::Admitted::AfterQueue => "after_queue",
+                admit::Admitted::Direct => "direct",
+            };
+            count_admission(shard, gate.tenant, "admitted", how);
+            Ok(blocks)
+        }
+        Err((refusal, e)) => {
+            count_admission(shard, gate.tenant, "shed", refusal.as_str());
+            Err((refusal, e))
         }
     }
-    Ok(keep_open)
+}
+
+/// Under tenant prefix isolation, the engine's cache is salted per tenant too (vLLM
+/// `cache_salt`); otherwise the body goes as it is.
+fn salt_for_tenant(
+    shard: &Shard,
+    live: &LiveConfig,
+    tenant: Option<usize>,
+    body: &Rc<Vec<u8>>,
+) -> Rc<Vec<u8>> {
+    match (shard.shared.config.tenant_prefix_isolation, tenant) {
+        (true, Some(t)) => Rc::new(with_cache_salt(body, live.tenants.get(t).seed)),
+        _ => body.clone(),
+    }
+}
+
+/// Reconciles the tokens charged up front with what the engine reported.
+fn reconcile_quota(shard: &Shard, grant: Option<&QuotaGrant<'_>>, usage: &Usage) {
+    if let (Some(g), Some(prompt), Some(completion)) =
+        (grant, usage.prompt_tokens, usage.completion_tokens)
+    {
+        if let Some(bucket) = &g.tenant.tokens {
+            let actual = (prompt + completion) as i64;
+            bucket.adjust(g.charged_tokens as i64 - actual, shard.shared.now_ms());
+        }
+    }
 }
 
 /// Parses the body and hashes its prompt into the shard's scratch (byte blocks, or
