@@ -6,9 +6,11 @@
 //! split mode. With `--replicas N`, N gateway replicas in cluster mode in front of
 //! the same three engines, sharing routing state over a Redis bus that the demo
 //! starts with `deploy/cluster/bus` (or `--bus URL`, one already running).
+//! With `--tokenizer`, every engine tokenizes as vLLM does with it and answers in
+//! its words (token counts a client's tokenizer agrees with).
 
 use crate::config::{Config, IoMode, Protocol, Role};
-use crate::engine_sim::{self, EngineConfig, EngineHandle, SimDisagg};
+use crate::engine_sim::{self, EngineConfig, EngineHandle, SimDisagg, SimTokenizer};
 use crate::gateway::Gateway;
 use crate::runtime::Driver;
 use std::io;
@@ -185,13 +187,17 @@ pub struct DemoOptions {
     pub replicas: usize,
     /// The bus for replicas > 1; `None` starts one.
     pub bus: Option<String>,
+    /// The engines' tokenizer (`None`: 4 bytes per prompt token, default words).
+    pub tokenizer: Option<SimTokenizer>,
 }
 
 pub fn start(listen: SocketAddr, options: &DemoOptions) -> io::Result<Demo> {
     let (policy, disagg) = (options.policy.as_str(), options.disagg);
     let driver = Driver::resolve(IoMode::Auto);
     if let Some(protocol) = disagg {
-        let (prefill, decode) = start_disagg_engines(protocol, driver, |_| {})?;
+        let (prefill, decode) = start_disagg_engines(protocol, driver, |cfg| {
+            cfg.tokenizer = options.tokenizer.clone();
+        })?;
         let p: Vec<_> = prefill
             .iter()
             .map(|e| (e.addr(), e.bootstrap_addr()))
@@ -212,6 +218,7 @@ pub fn start(listen: SocketAddr, options: &DemoOptions) -> io::Result<Demo> {
     for i in 0..3 {
         let mut cfg = EngineConfig::new(DEMO_MODEL);
         cfg.seed = i + 1;
+        cfg.tokenizer = options.tokenizer.clone();
         engines.push(engine_sim::start(
             cfg,
             SocketAddr::from(([127, 0, 0, 1], 0)),

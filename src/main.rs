@@ -50,6 +50,15 @@ enum Command {
         /// With --replicas: use this bus (redis://HOST:PORT) instead of starting one.
         #[arg(long)]
         bus: Option<String>,
+        /// The engines tokenize prompts as vLLM does with this tokenizer.json (and
+        /// the chat template beside it) and answer in its words, so a client's
+        /// tokenizer counts what `usage` says.
+        #[arg(long)]
+        tokenizer: Option<String>,
+        /// The chat template (Jinja file or tokenizer_config.json); default: the one
+        /// beside --tokenizer.
+        #[arg(long, requires = "tokenizer")]
+        chat_template: Option<String>,
     },
     /// Run one simulated vLLM-compatible engine.
     EngineSim(Box<EngineArgs>),
@@ -266,8 +275,21 @@ fn main() -> ExitCode {
             disagg,
             replicas,
             bus,
+            tokenizer,
+            chat_template,
         } => {
             init_logging("info", false);
+            let tokenizer = match tokenizer
+                .as_deref()
+                .map(|path| engine_sim::SimTokenizer::load(path, chat_template.as_deref()))
+            {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(e)) => {
+                    eprintln!("--tokenizer: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let protocol = match disagg.as_deref().map(parse_protocol) {
                 None => None,
                 Some(Ok(p)) => Some(p),
@@ -285,6 +307,7 @@ fn main() -> ExitCode {
                 disagg: protocol,
                 replicas: replicas.into(),
                 bus,
+                tokenizer,
             };
             let demo = match radixgate::demo::start(listen, &options) {
                 Ok(d) => d,

@@ -525,6 +525,7 @@ fn demo_disagg_both_protocols() {
                 disagg: Some(protocol),
                 replicas: 1,
                 bus: None,
+                tokenizer: None,
             },
         )
         .expect("demo starts");

@@ -5,9 +5,12 @@ tier serves a model made here: a byte-level BPE tokenizer trained on generated t
 a LlamaForCausalLM with random weights. Its output is gibberish; what matters is that
 vLLM runs it with the real scheduler, prefix cache, metrics and KV events.
 
-Usage: python make_model.py OUT_DIR [tiny|small]
-  tiny  = hidden 256, 4 layers (functional tests)
-  small = hidden 512, 8 layers (benchmarks: the cache effect is clear)
+Usage: python make_model.py OUT_DIR [tiny|small|tokenizer]
+  tiny      = hidden 256, 4 layers (functional tests)
+  small     = hidden 512, 8 layers (benchmarks: the cache effect is clear)
+  tokenizer = the tokenizer and chat template only (needs `tokenizers` and
+              `transformers`, not torch): for benchmark clients and
+              `radixgate demo --tokenizer` (perf/clients.sh)
 """
 
 import os
@@ -43,17 +46,10 @@ def corpus(seed=7, lines=20000):
         yield f"{i} {i * 7 % 1000} 0x{i:04x} {{\"k\": [{i}, {i + 1}]}}"
 
 
-def main():
-    out = sys.argv[1]
-    size = sys.argv[2] if len(sys.argv) > 2 else "tiny"
-    if os.path.exists(os.path.join(out, ".complete")):
-        print(out)
-        return
-    os.makedirs(out, exist_ok=True)
-
-    import torch
+def make_tokenizer(out):
+    """Trains the byte-level BPE tokenizer and saves it with its chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
@@ -68,6 +64,24 @@ def main():
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = 4096
     fast.save_pretrained(out)
+    return fast
+
+
+def main():
+    out = sys.argv[1]
+    size = sys.argv[2] if len(sys.argv) > 2 else "tiny"
+    if os.path.exists(os.path.join(out, ".complete")):
+        print(out)
+        return
+    os.makedirs(out, exist_ok=True)
+    fast = make_tokenizer(out)
+    if size == "tokenizer":
+        open(os.path.join(out, ".complete"), "w").close()
+        print(out)
+        return
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(fast), max_position_embeddings=4096,

@@ -7,7 +7,7 @@
 use super::disagg::{self as kv, Handoffs, Leg};
 use super::kv_publish::{Publisher, SimEvent};
 use super::sampling::{self, Choice};
-use super::{EngineConfig, BYTES_PER_TOKEN};
+use super::{EngineConfig, Words, BYTES_PER_TOKEN};
 use crate::error::{ErrorKind, GatewayError};
 use crate::http::conn::{ClientConn, ReadOutcome, RequestLimits};
 use crate::http::request::Method;
@@ -61,6 +61,8 @@ pub struct Engine {
     tokens: Option<RefCell<crate::token_mode::TokenHasher>>,
     /// The last parsed prompt's token ids (tokenizer mode).
     last_ids: RefCell<Vec<u32>>,
+    /// What answers are made of (the tokenizer's words in tokenizer mode).
+    words: std::sync::Arc<Words>,
     /// KV-cache events (`config.kv_events`).
     publisher: Option<Publisher>,
 }
@@ -119,6 +121,10 @@ impl Engine {
                 ))
             }),
             last_ids: RefCell::default(),
+            words: config
+                .tokenizer
+                .as_ref()
+                .map_or_else(Default::default, |t| t.words.clone()),
             publisher,
             config,
         })
@@ -456,7 +462,7 @@ impl Engine {
         };
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let choices = sampling.choices(id, max_tokens);
+        let choices = sampling.choices(&self.words, id, max_tokens);
         let longest = choices.iter().map(|c| c.pieces.len()).max().unwrap_or(0) as u64;
         let usage = Usage {
             prompt: prompt_tokens,
@@ -488,6 +494,7 @@ impl Engine {
                 choices: &choices,
                 usage: &usage,
                 include_usage: facts.include_usage,
+                continuous_usage: facts.include_usage && sampling.continuous_usage,
             };
             self.stream_tokens(conn, endpoint, &streamed, abort_at)
                 .await
@@ -599,7 +606,20 @@ impl Engine {
             choices,
             usage,
             include_usage,
+            continuous_usage,
         } = *streamed;
+        // vLLM's continuous_usage_stats: every chunk carries the usage so far (its
+        // choice's tokens; the role chunk 0).
+        let chunk_usage = |event: &mut Vec<u8>, completion: u64| {
+            if continuous_usage {
+                let u = Usage {
+                    prompt: usage.prompt,
+                    completion,
+                    cached: usage.cached,
+                };
+                let _ = write!(Utf8Vec(event), ",\"usage\":{}", u.json());
+            }
+        };
         let model = &self.config.model;
         let created = unix_now();
         let (prefix, object) = match endpoint {
@@ -623,7 +643,9 @@ impl Engine {
                     c.index
                 );
             }
-            event.extend_from_slice(b"]}\n\n");
+            event.push(b']');
+            chunk_usage(&mut event, 0);
+            event.extend_from_slice(b"}\n\n");
             if !send_chunk(&mut conn.stream, &mut event).await {
                 return false;
             }
@@ -661,8 +683,10 @@ impl Engine {
                 };
                 let _ = write!(
                     Utf8Vec(&mut event),
-                    ",\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+                    ",\"logprobs\":null,\"finish_reason\":{finish}}}]"
                 );
+                chunk_usage(&mut event, i as u64 + 1);
+                event.extend_from_slice(b"}\n\n");
                 if !send_chunk(&mut conn.stream, &mut event).await {
                     return false;
                 }
@@ -790,9 +814,11 @@ fn unix_now() -> u64 {
 #[derive(Clone, Copy)]
 struct Streamed<'a> {
     id: u64,
-    choices: &'a [Choice],
+    choices: &'a [Choice<'a>],
     usage: &'a Usage,
     include_usage: bool,
+    /// `usage` in every chunk too (`continuous_usage_stats`).
+    continuous_usage: bool,
 }
 
 fn full_body(

@@ -23,6 +23,9 @@
 //! `cached_tokens` follows vLLM's rule: whole cached blocks, at most the prompt's
 //! length minus one token.
 //!
+//! Generated text: one word per token, [`Words`]; with a tokenizer, words of its
+//! own vocabulary that re-tokenize to `completion_tokens` tokens.
+//!
 //! KV-cache events (`--kv-events`): published as vLLM publishes them, see
 //! [`kv_publish`]. Stored blocks are the prompt's whole blocks the cache did not
 //! hold; evictions are `BlockRemoved`. Blocks of generated tokens are not cached.
@@ -31,9 +34,11 @@ mod disagg;
 mod handler;
 pub mod kv_publish;
 mod sampling;
+mod words;
 
 pub use disagg::SimDisagg;
 pub use kv_publish::SimKvEvents;
+pub use words::Words;
 
 use crate::runtime::{bind_reuseport, stop_listening, Driver, ShardRuntime};
 use std::io;
@@ -92,24 +97,28 @@ pub struct EngineConfig {
     pub kv_events: Option<SimKvEvents>,
 }
 
-/// The served model's tokenizer and chat template (`--tokenizer`, `--chat-template`).
+/// The served model's tokenizer and chat template (`--tokenizer`, `--chat-template`),
+/// and the words of its vocabulary that answers are made of.
 #[derive(Clone)]
 pub struct SimTokenizer {
     pub tokenizer: std::sync::Arc<tokenizers::Tokenizer>,
     pub template: std::sync::Arc<crate::chat_template::ChatTemplate>,
+    pub words: std::sync::Arc<Words>,
 }
 
 impl std::fmt::Debug for SimTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimTokenizer")
             .field("template", &self.template)
+            .field("words", &self.words.len())
             .finish()
     }
 }
 
 impl SimTokenizer {
     /// Loads a `tokenizer.json` and a chat template (by default the one beside it,
-    /// found as a precise-mode gateway finds it).
+    /// found as a precise-mode gateway finds it), and picks the words of its
+    /// vocabulary that round-trip ([`Words::from_tokenizer`]).
     #[allow(clippy::disallowed_methods)] // at start, off any shard
     pub fn load(tokenizer: &str, template: Option<&str>) -> Result<Self, String> {
         let t = tokenizers::Tokenizer::from_file(tokenizer)
@@ -121,9 +130,11 @@ impl SimTokenizer {
                 format!("no chat template beside `{tokenizer}`: give --chat-template")
             })?;
         let template = crate::chat_template::ChatTemplate::load(&path)?;
+        let words = Words::from_tokenizer(&t).map_err(|e| format!("`{tokenizer}`: {e}"))?;
         Ok(Self {
             tokenizer: std::sync::Arc::new(t),
             template: std::sync::Arc::new(template),
+            words: std::sync::Arc::new(words),
         })
     }
 }

@@ -1,16 +1,13 @@
 //! The request parameters the simulated engine reads beyond the gateway's facts, as
-//! vLLM reads them: `n`, `stop`, `echo`, batched and token-id prompts; and those it
-//! refuses with vLLM's 400 (`logprobs`, `prompt_logprobs`, chat `echo`).
+//! vLLM reads them: `n`, `stop`, `echo`, batched and token-id prompts,
+//! `stream_options.continuous_usage_stats`; and those it
+//! refuses with vLLM's 400 (`logprobs`, `prompt_logprobs`, chat `echo`). The
+//! generated text comes from [`Words`], one word per token.
 
+use super::words::Words;
 use crate::openai::Endpoint;
 use serde::Deserialize;
 use serde_json::Value;
-
-/// The generated words, one token each (the trailing space is part of the token).
-const WORDS: [&str; 12] = [
-    "cache ", "prefix ", "token ", "router ", "engine ", "shard ", "block ", "radix ", "batch ",
-    "queue ", "decode ", "prefill ",
-];
 
 /// The most choices one request may ask for (`n` × batched prompts).
 const MAX_CHOICES: usize = 128;
@@ -23,6 +20,7 @@ struct Raw {
     prompt_logprobs: Option<Value>,
     stop: Option<Value>,
     prompt: Option<Value>,
+    stream_options: Option<Value>,
 }
 
 /// One prompt of a (possibly batched) request.
@@ -39,19 +37,21 @@ pub struct Sampling {
     pub echo: bool,
     /// The prompts of a completions batch (one entry for chat).
     pub prompts: Vec<Prompt>,
+    /// `stream_options.continuous_usage_stats`: `usage` in every chunk (vLLM).
+    pub continuous_usage: bool,
 }
 
 /// One answer: `n` per prompt, indexed prompt-major as vLLM does.
-pub struct Choice {
+pub struct Choice<'w> {
     pub index: usize,
     /// The echoed prompt, put before the generated text.
     pub echo: Option<String>,
     /// The generated tokens' text (the last one cut where a stop string began).
-    pub pieces: Vec<&'static str>,
+    pub pieces: Vec<&'w str>,
     pub stopped: bool,
 }
 
-impl Choice {
+impl Choice<'_> {
     pub fn finish_reason(&self) -> &'static str {
         if self.stopped {
             "stop"
@@ -153,23 +153,31 @@ pub fn read(body: &[u8], endpoint: Endpoint) -> Result<Sampling, String> {
             "n × prompts must be at most {MAX_CHOICES} in the simulated engine"
         ));
     }
+    let continuous_usage = raw
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.get("continuous_usage_stats"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     Ok(Sampling {
         n,
         stop,
         echo,
         prompts,
+        continuous_usage,
     })
 }
 
 impl Sampling {
     /// The choices of request `id`: up to `max_tokens` tokens each, cut at the first
     /// stop string (which, as in vLLM, is left out of the text).
-    pub fn choices(&self, id: u64, max_tokens: u64) -> Vec<Choice> {
+    pub fn choices<'w>(&self, words: &'w Words, id: u64, max_tokens: u64) -> Vec<Choice<'w>> {
         let mut out = Vec::new();
         for p in &self.prompts {
             for _ in 0..self.n {
                 let index = out.len();
-                let (pieces, stopped) = generate(id as usize + index, max_tokens, &self.stop);
+                let first = (id as usize).wrapping_add(index) % words.len();
+                let (pieces, stopped) = generate(words, first, max_tokens, &self.stop);
                 out.push(Choice {
                     index,
                     echo: if self.echo { p.text.clone() } else { None },
@@ -182,12 +190,17 @@ impl Sampling {
     }
 }
 
-fn generate(first: usize, max_tokens: u64, stop: &[String]) -> (Vec<&'static str>, bool) {
-    let mut pieces: Vec<&'static str> = Vec::with_capacity(max_tokens.min(4096) as usize);
+fn generate<'w>(
+    words: &'w Words,
+    first: usize,
+    max_tokens: u64,
+    stop: &[String],
+) -> (Vec<&'w str>, bool) {
+    let mut pieces: Vec<&'w str> = Vec::with_capacity(max_tokens.min(4096) as usize);
     let longest = stop.iter().map(String::len).max().unwrap_or(0);
     let mut text = String::new();
     for i in 0..max_tokens as usize {
-        let piece = WORDS[(first + i) % WORDS.len()];
+        let piece = words.piece(first, i);
         pieces.push(piece);
         if longest == 0 {
             continue;
