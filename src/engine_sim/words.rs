@@ -142,25 +142,7 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use tokenizers::models::wordlevel::WordLevel;
-    use tokenizers::pre_tokenizers::whitespace::Whitespace;
-
-    fn word_level(words: &[&str]) -> Tokenizer {
-        let vocab: HashMap<String, u32> = words
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.to_string(), i as u32))
-            .collect();
-        let model = WordLevel::builder()
-            .vocab(vocab.into_iter().collect())
-            .unk_token("[UNK]".into())
-            .build()
-            .unwrap();
-        let mut t = Tokenizer::new(model);
-        t.with_pre_tokenizer(Some(Whitespace {}));
-        t
-    }
+    use crate::token_mode::tests::word_tokenizer as word_level;
 
     #[test]
     fn default_words_lead_bare_then_spaced() {
