@@ -5,29 +5,35 @@
 //! orchestrator's [`dag::plan`]): a malformed node, a duplicate id, an unknown parent,
 //! a `{{id}}` reference to a node that is not a parent, a cycle or a limit
 //! (`[workflows]`) is a 400 before any node runs. Then every node whose parents all
-//! succeeded starts at once as its own monoio task ([`crate::proxy::call`]): routed
+//! succeeded starts at once, beside the others in the workflow's task ([`crate::proxy::call`]): routed
 //! like a client request, so the prefix index puts it where the prefixes it shares
 //! with its parents live, and siblings (same parents) share a session key that keeps
 //! them on the engine the first was placed on unless it saturates ([`sibling_group`]). A node's `{{parent}}` references are replaced by the parents' outputs
 //! (JSON-escaped) just before it starts. A failed node fails its descendants and
 //! leaves the rest running.
 //!
+//! A client that leaves (its socket closed while nodes run, or a failed write of a
+//! streamed event) abandons the workflow: the running nodes' upstream requests are
+//! dropped at once, so the engines stop working on them, no further node starts,
+//! and the workflow is logged as 499 `client_closed`. No breaker is told.
+//!
 //! The answer lists every node's output, placement, timing and cache figures; with
 //! `"stream": true` it is an SSE stream with one `workflow.node` event per node as it
 //! finishes (or is failed by a parent), then the whole result, then `[DONE]`.
 
 use crate::access_log::{AccessRecord, InlineId};
-use crate::error::{write_json_string, ErrorKind, GatewayError};
+use crate::error::{write_json_string, ErrorKind, GatewayError, CLIENT_CLOSED};
+use crate::http::io::peer_closed;
 use crate::http::request::RequestHead;
 use crate::metrics::RequestKey;
 use crate::openai::Endpoint;
 use crate::otlp::SpanKind;
+use crate::proxy::abandon::Abandon;
 use crate::proxy::call::{call, Call, CallFailed, Called};
 use crate::shard::Shard;
 use crate::trace::{ChildSpan, TraceContext};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
-use monoio::task::JoinHandle;
 use monoio::time::Instant;
 use radixgate_orchestrator::dag::{self, NodeSpec, NodeState, Plan};
 use serde_json::json;
@@ -150,7 +156,10 @@ pub async fn serve(
         sink.write(out).await;
     }
     let started = Instant::now();
-    let outcomes = run(
+    let Ran {
+        outcomes,
+        client_left,
+    } = run(
         shard,
         &nodes,
         &plan,
@@ -170,17 +179,22 @@ pub async fn serve(
         bucket.adjust(charged as i64 - used as i64, shard.shared.now_ms());
     }
     // Each node counted itself under its backend; the workflow counts once here.
+    let status = if client_left { CLIENT_CLOSED } else { 200 };
     shard
         .metrics
         .borrow_mut()
-        .count_request(RequestKey::gateway(200, "workflow"));
+        .count_request(RequestKey::gateway(status, "workflow"));
+    if client_left {
+        finish(shard, head, request_id, tenant, &outcomes, received, status);
+        return Ok(false);
+    }
     if stream {
         let mut event = b"data: ".to_vec();
         event.extend_from_slice(result.to_string().as_bytes());
         event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
         sink.event(&event).await;
         sink.write(b"0\r\n\r\n".to_vec()).await;
-        finish(shard, head, request_id, tenant, &outcomes, received);
+        finish(shard, head, request_id, tenant, &outcomes, received, 200);
         return Ok(sink.open && keep_alive);
     }
     let body = result.to_string().into_bytes();
@@ -196,7 +210,7 @@ pub async fn serve(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&body);
     sink.write(out).await;
-    finish(shard, head, request_id, tenant, &outcomes, received);
+    finish(shard, head, request_id, tenant, &outcomes, received, 200);
     Ok(sink.open && keep_alive)
 }
 
@@ -229,10 +243,21 @@ impl Sink<'_> {
     }
 }
 
+/// What [`run`] did: each node's outcome, and whether the client left meanwhile.
+struct Ran {
+    outcomes: Vec<Outcome>,
+    client_left: bool,
+}
+
+/// A running node's call, polled in the workflow's own task.
+type NodeCall<'a> = Pin<Box<dyn Future<Output = Result<Called, CallFailed>> + 'a>>;
+
 /// Runs the plan: starts every ready node, waits for any to finish, fails the
 /// descendants of a failed one, until nothing runs. Each node that runs has its own
 /// span, a child of the workflow's request span in `cx`, which its upstream request
-/// names as parent.
+/// names as parent. While nodes run the client's socket is watched: if it closes
+/// (or a streamed event cannot be written), the running nodes are abandoned and no
+/// other node starts.
 async fn run(
     shard: &Rc<Shard>,
     nodes: &[Node],
@@ -241,14 +266,19 @@ async fn run(
     tenant_seed: Option<u64>,
     started: Instant,
     sink: &mut Sink<'_>,
-) -> Vec<Outcome> {
+) -> Ran {
+    let abandon = Abandon::default();
     let mut states = vec![NodeState::Waiting; nodes.len()];
     let mut outcomes: Vec<Outcome> = nodes.iter().map(|_| Outcome::default()).collect();
-    let mut running: Vec<(usize, JoinHandle<Result<Called, CallFailed>>)> = Vec::new();
+    let mut running: Vec<(usize, NodeCall<'_>)> = Vec::new();
     let mut spans: Vec<Option<ChildSpan>> = vec![None; nodes.len()];
     let max_bytes = (shard.fleet.borrow().live.config.workflows).max_node_response_bytes;
     loop {
-        let ready: Vec<usize> = plan.ready(&states).collect();
+        let ready: Vec<usize> = if abandon.is_abandoned() {
+            Vec::new()
+        } else {
+            plan.ready(&states).collect()
+        };
         for i in ready {
             states[i] = NodeState::Running;
             let body = node_body(&nodes[i], |id, out| {
@@ -267,29 +297,37 @@ async fn run(
             let group = sibling_group(request_id, &nodes[i]);
             spans[i] = crate::trace::start_child(&cx);
             let trace = (cx, crate::trace::id_of(spans[i]));
+            let leave = abandon.watch();
             running.push((
                 i,
-                monoio::spawn(async move {
-                    call(
-                        &shard,
-                        Call {
-                            endpoint,
-                            body: &body,
-                            request_id: &id,
-                            max_bytes,
-                            tenant_seed,
-                            group,
-                            trace,
-                        },
-                    )
-                    .await
+                Box::pin(async move {
+                    let what = Call {
+                        endpoint,
+                        body: &body,
+                        request_id: &id,
+                        max_bytes,
+                        tenant_seed,
+                        group,
+                        trace,
+                    };
+                    call(&shard, what, leave).await
                 }),
             ));
         }
         if running.is_empty() {
             break;
         }
-        let (slot, result) = first_done(&mut running).await;
+        let watch_client = sink.open && !abandon.is_abandoned();
+        let done = monoio::select! {
+            done = first_done(&mut running) => Some(done),
+            () = peer_closed(sink.client), if watch_client => None,
+        };
+        let Some((slot, result)) = done else {
+            // The client left: every running node ends at its next poll.
+            sink.open = false;
+            abandon.now();
+            continue;
+        };
         let (i, _) = running.swap_remove(slot);
         let o = &mut outcomes[i];
         o.finished_ms = Some(ms(started));
@@ -355,13 +393,28 @@ async fn run(
             event.extend_from_slice(b"\n\n");
             sink.event(&event).await;
         }
+        if !sink.open {
+            abandon.now();
+        }
     }
-    outcomes
+    let client_left = abandon.is_abandoned();
+    if client_left {
+        for (state, o) in states.iter().zip(&mut outcomes) {
+            if *state == NodeState::Waiting {
+                o.state = Some(NodeState::Failed);
+                o.error = Some("not run: the client left".to_string());
+            }
+        }
+    }
+    Ran {
+        outcomes,
+        client_left,
+    }
 }
 
-/// The workflow's access record and request span, once its answer is written: no
-/// one backend or model (each node's span names its own), the nodes' token counts
-/// summed.
+/// The workflow's access record and request span, once its answer is written (or
+/// its client left: `status` 499): no one backend or model (each node's span names
+/// its own), the nodes' token counts summed.
 fn finish(
     shard: &Shard,
     head: &RequestHead,
@@ -369,6 +422,7 @@ fn finish(
     tenant: Option<usize>,
     outcomes: &[Outcome],
     received: Instant,
+    status: u16,
 ) {
     if shard.shared.access_log.is_none() && head.span_id == 0 {
         return;
@@ -388,8 +442,12 @@ fn finish(
         matched_blocks: outcomes.iter().map(|o| o.matched_blocks).sum(),
         cached_tokens: sum(|o| o.cached_tokens),
         prompt_tokens: sum(|o| o.prompt_tokens),
-        status: 200,
-        outcome: "completed",
+        status,
+        outcome: if status == CLIENT_CLOSED {
+            "client_closed"
+        } else {
+            "completed"
+        },
         ttft_us: None,
         total_us: received.elapsed().as_micros() as u64,
         retries: 0,
@@ -419,11 +477,12 @@ fn sibling_group(request_id: &str, node: &Node) -> Option<u64> {
     Some(h.digest())
 }
 
-/// Waits for whichever running node finishes first: its slot and result.
-async fn first_done<T>(running: &mut [(usize, JoinHandle<T>)]) -> (usize, T) {
+/// Polls every running node; waits for whichever finishes first: its slot and
+/// result.
+async fn first_done(running: &mut [(usize, NodeCall<'_>)]) -> (usize, Result<Called, CallFailed>) {
     std::future::poll_fn(|cx| {
-        for (slot, (_, handle)) in running.iter_mut().enumerate() {
-            if let Poll::Ready(r) = Pin::new(handle).poll(cx) {
+        for (slot, (_, call)) in running.iter_mut().enumerate() {
+            if let Poll::Ready(r) = call.as_mut().poll(cx) {
                 return Poll::Ready((slot, r));
             }
         }

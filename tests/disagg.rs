@@ -654,3 +654,82 @@ fn decode_failure_falls_back_local(io: &str) {
     );
 }
 both_drivers!(decode_failure_falls_back_local);
+
+/// A client that leaves while its split request's prefill runs ends both legs: the
+/// engines stop (their running counts drop to 0 within a second, as each drops a
+/// request whose connection closed, like vLLM and SGLang), the pair's in-flight
+/// accounting is released, the request counts as 499 against the leg it left, and
+/// no breaker opens, although here a single failure would open one.
+fn departed_client_stops_the_split(io: &str, protocol: Protocol) {
+    let slow = |c: &mut EngineConfig| c.prefill_per_token = Duration::from_millis(10);
+    let p = pool(
+        io,
+        protocol,
+        vec![engine(io, Role::Prefill, protocol, slow)],
+        vec![engine(io, Role::Decode, protocol, |_| {})],
+        "mode = \"always\"",
+        "[breaker]\nfailure_threshold = 1\nopen_ms = 60000",
+    );
+    let running = |e: &EngineHandle| {
+        let m = Client::connect(e.addr()).get("/metrics").text();
+        metric(&m, "vllm:num_requests_running")
+    };
+    let body = format!(
+        r#"{{"model":"sim","stream":false,"max_tokens":5,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        long_prompt("leave")
+    );
+    let mut c = Client::connect(p.gw.local_addr());
+    c.send(&post_bytes("/v1/chat/completions", &body, &[]));
+    assert!(
+        eventually(Duration::from_secs(5), || running(&p.prefill[0])
+            == Some(1.0)),
+        "the prefill never ran"
+    );
+    drop(c);
+    assert!(
+        eventually(Duration::from_secs(1), || {
+            running(&p.prefill[0]) == Some(0.0) && running(&p.decode[0]) == Some(0.0)
+        }),
+        "the engines still run {:?} / {:?} requests 1 s after the client left",
+        running(&p.prefill[0]),
+        running(&p.decode[0])
+    );
+    // The 499 is the leg's the client left: vLLM's prefill leg runs first, alone;
+    // SGLang's decode leg is the one that watches the client.
+    let left = match protocol {
+        Protocol::Vllm => "prefill-0",
+        Protocol::Sglang => "decode-0",
+    };
+    let addr = p.gw.local_addr();
+    let released = eventually(Duration::from_secs(1), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        ["prefill-0", "decode-0"].iter().all(|b| {
+            metric(
+                &m,
+                &format!("radixgate_backend_in_flight{{backend=\"{b}\"}}"),
+            ) == Some(0.0)
+        }) && metric(
+            &m,
+            &format!("radixgate_requests_total{{backend=\"{left}\",status=\"499\""),
+        ) == Some(1.0)
+    });
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(
+        released,
+        "accounting not released or the 499 not counted:\n{m}"
+    );
+    for b in ["prefill-0", "decode-0"] {
+        let state = format!("radixgate_breaker_state{{backend=\"{b}\"}}");
+        assert_eq!(metric(&m, &state), Some(0.0), "{b}:\n{m}");
+    }
+}
+
+fn vllm_departed_client_stops_the_split(io: &str) {
+    departed_client_stops_the_split(io, Protocol::Vllm);
+}
+both_drivers!(vllm_departed_client_stops_the_split);
+
+fn sglang_departed_client_stops_the_split(io: &str) {
+    departed_client_stops_the_split(io, Protocol::Sglang);
+}
+both_drivers!(sglang_departed_client_stops_the_split);

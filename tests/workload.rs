@@ -11,6 +11,7 @@ use radixgate::engine_sim::{EngineConfig, EngineHandle};
 use radixgate::Gateway;
 use radixgate_orchestrator::rag::{canonical_chunks, chunk_id, render_context};
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// `(id, capabilities)` backends, each on its own simulated engine serving `sim`.
 fn fleet(io: &str, backends: &[(&str, &str)], extra: &str) -> (Vec<EngineHandle>, Gateway) {
@@ -641,3 +642,95 @@ fn workflows_are_charged_to_tenant_quotas(io: &str) {
     assert_eq!(upstream.seen().len(), 3);
 }
 both_drivers!(workflows_are_charged_to_tenant_quotas);
+
+/// A client that leaves while its workflow's nodes run abandons the workflow: the
+/// running nodes' upstream requests are dropped, so the engines stop within a
+/// second; the node waiting on them never starts; the in-flight accounting is
+/// released; the workflow counts as 499; and no breaker opens, although here a
+/// single failure would open one.
+fn a_departed_client_abandons_its_workflow(io: &str) {
+    let engines: Vec<EngineHandle> = (0..2)
+        .map(|_| {
+            let mut cfg = EngineConfig::instant("sim");
+            cfg.decode_per_token = Duration::from_millis(20);
+            start_engine(io, cfg)
+        })
+        .collect();
+    let backends: Vec<(&str, String, &str)> = vec![
+        ("e0", engines[0].url(), "sim"),
+        ("e1", engines[1].url(), "sim"),
+    ];
+    let gw = start_gateway(
+        io,
+        1,
+        "[breaker]\nfailure_threshold = 1\nopen_ms = 60000",
+        &backends,
+    );
+    let running = || -> f64 {
+        engines
+            .iter()
+            .map(|e| {
+                let m = Client::connect(e.addr()).get("/metrics").text();
+                metric(&m, "vllm:num_requests_running").unwrap_or(-1.0)
+            })
+            .sum()
+    };
+    let served = || -> f64 {
+        engines
+            .iter()
+            .map(|e| {
+                let m = Client::connect(e.addr()).get("/metrics").text();
+                metric(&m, "vllm:request_success_total").unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let node = |id: &str, parents: &str| {
+        format!(
+            r#"{{"id":"{id}","model":"sim","parents":[{parents}],"params":{{"max_tokens":1000}},"messages":[{{"role":"user","content":"write a long essay about {id}"}}]}}"#
+        )
+    };
+    let body = format!(
+        r#"{{"nodes":[{},{},{}]}}"#,
+        node("a", ""),
+        node("b", ""),
+        node("join", r#""a","b""#)
+    );
+    let mut c = Client::connect(gw.local_addr());
+    c.send(&post_bytes("/v1/workflows", &body, &[]));
+    assert!(
+        eventually(Duration::from_secs(5), || running() == 2.0),
+        "the two root nodes never both ran"
+    );
+    drop(c);
+    assert!(
+        eventually(Duration::from_secs(1), || running() == 0.0),
+        "the engines still run {} requests 1 s after the client left",
+        running()
+    );
+    let addr = gw.local_addr();
+    let released = eventually(Duration::from_secs(1), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        ["e0", "e1"].iter().all(|b| {
+            metric(
+                &m,
+                &format!("radixgate_backend_in_flight{{backend=\"{b}\"}}"),
+            ) == Some(0.0)
+        }) && metric(
+            &m,
+            "radixgate_requests_total{backend=\"none\",status=\"499\",reason=\"workflow\"",
+        ) == Some(1.0)
+    });
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(
+        released,
+        "accounting not released or the 499 not counted:\n{m}"
+    );
+    for b in ["e0", "e1"] {
+        let state = format!("radixgate_breaker_state{{backend=\"{b}\"}}");
+        assert_eq!(metric(&m, &state), Some(0.0), "{b}:\n{m}");
+    }
+    // Nothing was served: the roots were aborted and the join never started.
+    assert_eq!(served(), 0.0);
+    assert_eq!(running(), 0.0);
+}
+both_drivers!(a_departed_client_abandons_its_workflow);

@@ -6,12 +6,14 @@
 //! in-flight and probe guards, a pooled connection, the breaker report and the
 //! metrics — so a node is placed cache-aware and counted like any request. It does
 //! not fail over: a failed node is reported to the workflow, which fails its
-//! descendants.
+//! descendants. A call whose client has left (its `leave` future resolves) ends at
+//! once with `client_closed`, its upstream connection dropped; that is not the
+//! backend's fault, so its breaker is not told.
 
 use super::exchange::Exchange;
 use super::route::{route, routing_facts, ProbeGuard};
 use super::{parse_prompt, with_cache_salt, write_upstream_head_for, UpstreamHead};
-use crate::error::GatewayError;
+use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::observe::{Usage, UsageScanner};
 use crate::openai::Endpoint;
@@ -62,8 +64,12 @@ pub struct Call<'a> {
 }
 
 /// Routes the call's body and runs it, reading the response (at most `max_bytes`)
-/// whole.
-pub async fn call(shard: &Rc<Shard>, what: Call<'_>) -> Result<Called, CallFailed> {
+/// whole, unless `leave` resolves first.
+pub async fn call(
+    shard: &Rc<Shard>,
+    what: Call<'_>,
+    leave: impl std::future::Future<Output = ()>,
+) -> Result<Called, CallFailed> {
     let Call {
         endpoint,
         body,
@@ -137,7 +143,7 @@ pub async fn call(shard: &Rc<Shard>, what: Call<'_>) -> Result<Called, CallFaile
         retry_from_status: 500,
         first_byte_timeout: None,
     };
-    match exchange.fetch(request, max_bytes).await {
+    match exchange.fetch(request, max_bytes, leave).await {
         Ok(body) => {
             shard.report_outcome(backend, exchange.status < 500);
             exchange.record(&facts, &route);
@@ -155,7 +161,9 @@ pub async fn call(shard: &Rc<Shard>, what: Call<'_>) -> Result<Called, CallFaile
                 // Nothing was cached upstream: forget the belief.
                 super::route::roll_back(shard, &route);
             }
-            shard.report_outcome(backend, false);
+            if error.kind != ErrorKind::ClientClosed {
+                shard.report_outcome(backend, false);
+            }
             exchange.status = error.status();
             exchange.record(&facts, &route);
             Err(CallFailed {

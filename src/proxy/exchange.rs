@@ -408,7 +408,35 @@ impl Exchange<'_> {
     /// at most `max_bytes`), watched for `usage` like a streamed one; the status is in
     /// `self.status`. Within the first-byte timeout for the head, then `idle_timeout`
     /// between reads. The connection goes back to the pool when it was read to the end.
+    ///
+    /// `leave` resolves when the client the call serves has left (its socket closed,
+    /// see [`peer_closed`], or the owner abandoned the call, see
+    /// [`super::abandon::Abandon`]): the call then ends at once with
+    /// [`ErrorKind::ClientClosed`] and its upstream connection is dropped, so the
+    /// engine stops working on it.
     pub async fn fetch(
+        &mut self,
+        request: Vec<u8>,
+        max_bytes: usize,
+        leave: impl std::future::Future<Output = ()>,
+    ) -> Result<Vec<u8>, GatewayError> {
+        let fetched = monoio::select! {
+            fetched = self.fetch_whole(request, max_bytes) => Some(fetched),
+            () = leave => None,
+        };
+        fetched.unwrap_or_else(|| {
+            self.status = CLIENT_CLOSED;
+            Err(GatewayError::new(
+                ErrorKind::ClientClosed,
+                format!(
+                    "the client left while backend `{}` was working on the request",
+                    self.shard.backend_id(self.backend)
+                ),
+            ))
+        })
+    }
+
+    async fn fetch_whole(
         &mut self,
         request: Vec<u8>,
         max_bytes: usize,

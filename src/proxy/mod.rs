@@ -8,6 +8,7 @@
 //! the policy's next-best candidate, bounded by `retry.max_attempts` and the shard's
 //! retry budget. The request body goes upstream exactly as the client sent it.
 
+pub mod abandon;
 mod admit;
 pub mod call;
 mod disagg;
@@ -18,7 +19,7 @@ mod wire;
 use crate::access_log::{AccessRecord, InlineId};
 use crate::backends::LiveConfig;
 use crate::config::Hashing;
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
 use crate::http::response::Utf8Vec;
@@ -711,8 +712,8 @@ fn log(
 }
 
 /// Sends the access record of a routed request the gateway answered itself with
-/// `status` (a split request's failed or refused leg on `backend`) after `retries`
-/// failed tries, and ends its request span.
+/// `status` (a split request's failed or refused leg on `backend`, or 499 when its
+/// client left during a leg) after `retries` failed tries, and ends its request span.
 fn log_answer(
     shard: &Shard,
     req: &Request<'_>,
@@ -726,7 +727,11 @@ fn log_answer(
     let record = AccessRecord {
         backend: Some(backend),
         status,
-        outcome: "refused",
+        outcome: if status == CLIENT_CLOSED {
+            "client_closed"
+        } else {
+            "refused"
+        },
         retries,
         ..routed_record(shard, req, route)
     };

@@ -7,7 +7,7 @@
 //!   into the client's request, which the decode leg streams to the client as asked.
 //! - **SGLang**: both legs at once with the prefill server's `bootstrap_host` and
 //!   `bootstrap_port` and one random `bootstrap_room`; the client reads the decode
-//!   leg, the prefill leg runs in its own task, is drained and checked.
+//!   leg, the prefill leg is polled beside it in the same task, drained and checked.
 //!
 //! Both legs carry the client's `X-Request-Id`. A prefill answer without
 //! `kv_transfer_params` (connectors that find KV by prompt, such as vLLM's example
@@ -20,16 +20,24 @@
 //! unless it was a refusal), at most `decode_attempts` in all. After its first byte
 //! the stream ends with an SSE error event (as for whole requests), never with
 //! replayed tokens. Each leg has its own timeout.
+//!
+//! A client that leaves ends both legs at once (the vLLM prefill leg watches its
+//! socket; an SGLang prefill leg is abandoned when the decode leg sees the client
+//! go): the upstream requests are dropped, so the engines stop, the pair's
+//! accounting is released, no breaker is told, and the request is logged as 499
+//! `client_closed`.
 
 mod body;
 mod pair;
 
+use super::abandon::Abandon;
 use super::exchange::{router_headers, Attempt, Exchange, Failure};
 use super::route::{roll_back, ProbeGuard};
 use super::{answer_error, attempt_all, log, log_answer, write_upstream_head, Request};
 use crate::config::{DisaggConfig, Protocol};
-use crate::error::{ErrorKind, GatewayError};
+use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::fleet::InFlightGuard;
+use crate::http::io::peer_closed;
 use crate::metrics::RequestKey;
 use crate::observe::{Usage, UsageScanner};
 use crate::otlp::SpanKind;
@@ -39,14 +47,18 @@ use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::{Decision, LocalWhy, PairOutcome, Reason};
+use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 /// How one split attempt ended.
 enum Split {
-    /// A response reached the client (or the client left).
+    /// A response reached the client.
     Done(bool, Usage),
+    /// The client left before its answer was complete; the leg it left was logged.
+    ClientLeft(Usage),
     /// The prefill leg failed; nothing reached the client.
     PrefillFailed(GatewayError),
     /// The decode leg failed before its first byte; nothing reached the client.
@@ -144,6 +156,15 @@ pub(super) async fn forward(
             Split::Done(keep_open, usage) => {
                 shard.metrics.borrow_mut().disagg.count("split", "split");
                 return Ok((keep_open, usage));
+            }
+            Split::ClientLeft(usage) => return Ok((false, usage)),
+            Split::PrefillFailed(e) if e.kind == ErrorKind::ClientClosed => {
+                // Nothing reached the engines' caches for sure: forget the beliefs.
+                roll_back(shard, &prefill);
+                roll_back(shard, &decode);
+                let tries = prefill_failures + decode_failures;
+                left_during_prefill(shard, req, &decode, tries);
+                return Ok((false, Usage::default()));
             }
             Split::Refused { status, body } => {
                 shard.metrics.borrow_mut().disagg.count("split", "split");
@@ -306,7 +327,8 @@ async fn vllm(
     };
     let span = crate::trace::start_child(&TraceContext::of(req.head));
     let request = prefill_request(shard, req, p, &leg_body, span);
-    let params = match prefill_leg(shard.clone(), p, request, split.prefill_timeout, span).await {
+    let leave = peer_closed(client);
+    let params = match prefill_leg(shard, p, request, (split.prefill_timeout, leave), span).await {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
         Ok((200, answer)) => body::transfer_params(&answer),
@@ -367,24 +389,41 @@ async fn sglang(
     };
     let span = crate::trace::start_child(&TraceContext::of(req.head));
     let request = prefill_request(shard, req, p, &leg_body, span);
-    let prefill_task = monoio::spawn(prefill_leg(
-        shard.clone(),
-        p,
-        request,
-        split.prefill_timeout,
-        span,
-    ));
-    let outcome = decode_leg(
-        shard,
-        client,
-        req,
-        decode,
-        &leg_body,
-        split,
-        may_retry_decode,
-    )
-    .await;
-    let checked = match prefill_task.await {
+    // Both legs at once, in this task: the prefill leg is polled beside the decode
+    // leg until that ends, then awaited; abandoned if the client left meanwhile.
+    let abandon = Abandon::default();
+    let timeout = (split.prefill_timeout, abandon.watch());
+    let mut prefill_leg = std::pin::pin!(prefill_leg(shard, p, request, timeout, span));
+    let mut prefilled = None;
+    let outcome = {
+        let decode_leg = decode_leg(
+            shard,
+            client,
+            req,
+            decode,
+            &leg_body,
+            split,
+            may_retry_decode,
+        );
+        let mut decode_leg = std::pin::pin!(decode_leg);
+        std::future::poll_fn(|cx| {
+            if prefilled.is_none() {
+                if let Poll::Ready(r) = prefill_leg.as_mut().poll(cx) {
+                    prefilled = Some(r);
+                }
+            }
+            decode_leg.as_mut().poll(cx)
+        })
+        .await
+    };
+    if matches!(outcome, Split::ClientLeft(_)) {
+        abandon.now();
+    }
+    let prefilled = match prefilled {
+        Some(r) => r,
+        None => prefill_leg.await,
+    };
+    let checked = match prefilled {
         Ok((200, _)) => Ok(()),
         Ok((status, _)) => Err(GatewayError::new(
             ErrorKind::UpstreamProtocol,
@@ -393,6 +432,7 @@ async fn sglang(
         Err(e) => Err(e),
     };
     match (outcome, checked) {
+        (outcome @ Split::ClientLeft(_), _) => outcome,
         (Split::Done(keep, usage), Err(e)) => {
             // The client got its answer; the prefill side still misbehaved.
             tracing::debug!(backend = %backend.id, error = %e, "prefill leg failed after the decode leg answered");
@@ -431,19 +471,20 @@ fn prefill_request(
 /// The most a prefill leg's answer (one token and its `kv_transfer_params`) may be.
 const PREFILL_RESPONSE_LIMIT: usize = 1 << 20;
 
-/// Runs a prefill leg on `backend` and reads its answer whole (its own task under
-/// SGLang, so it owns what it uses); ends the leg's `span`.
+/// Runs a prefill leg on `backend` and reads its answer whole, within `timeout`
+/// unless `leave` resolves first (the client left: it ends with `client_closed`,
+/// which is not the backend's fault); ends the leg's `span`.
 async fn prefill_leg(
-    shard: Rc<Shard>,
+    shard: &Rc<Shard>,
     backend: usize,
     request: Vec<u8>,
-    timeout: Duration,
+    (timeout, leave): (Duration, impl Future<Output = ()>),
     span: Option<ChildSpan>,
 ) -> Result<(u16, Vec<u8>), GatewayError> {
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
     let started = Instant::now();
     let mut exchange = Exchange {
-        shard: &shard,
+        shard,
         backend,
         started,
         first_byte: None,
@@ -454,8 +495,8 @@ async fn prefill_leg(
         retry_from_status: 500,
         first_byte_timeout: Some(timeout),
     };
-    let fetched =
-        monoio::time::timeout(timeout, exchange.fetch(request, PREFILL_RESPONSE_LIMIT)).await;
+    let fetch = exchange.fetch(request, PREFILL_RESPONSE_LIMIT, leave);
+    let fetched = monoio::time::timeout(timeout, fetch).await;
     let result = match fetched {
         Ok(r) => r.map(|body| (exchange.status, body)),
         Err(_) => Err(GatewayError::new(
@@ -466,14 +507,16 @@ async fn prefill_leg(
             ),
         )),
     };
-    shard.report_outcome(backend, matches!(&result, Ok((s, _)) if *s < 500));
-    if let Some(mut span) = crate::trace::child(&shard, SpanKind::PrefillLeg, span) {
+    if !matches!(&result, Err(e) if e.kind == ErrorKind::ClientClosed) {
+        shard.report_outcome(backend, matches!(&result, Ok((s, _)) if *s < 500));
+    }
+    if let Some(mut span) = crate::trace::child(shard, SpanKind::PrefillLeg, span) {
         span.backend = Some(backend);
         (span.status, span.reason) = match &result {
             Ok((status, _)) => (*status, ""),
             Err(e) => (e.status(), e.code()),
         };
-        crate::trace::emit(&shard, span);
+        crate::trace::emit(shard, span);
     }
     shard
         .metrics
@@ -576,9 +619,27 @@ async fn decode_leg(
             }
             exchange.record(&req.facts, route);
             log(shard, req, route, &exchange, 1);
-            Split::Done(keep_open, exchange.usage.usage)
+            if exchange.status == CLIENT_CLOSED {
+                Split::ClientLeft(exchange.usage.usage)
+            } else {
+                Split::Done(keep_open, exchange.usage.usage)
+            }
         }
     }
+}
+
+/// The client left while a (vLLM) prefill leg ran: logged as 499 `client_closed`
+/// against the prefill backend, with the pair's decode `route`'s headers, after
+/// `tries` failed tries; nothing is written.
+fn left_during_prefill(shard: &Shard, req: &Request<'_>, route: &Decision, tries: u32) {
+    let prefill = route.prefill.unwrap_or(route.pick.backend);
+    shard.metrics.borrow_mut().count_request(RequestKey {
+        backend: Some(prefill),
+        status: CLIENT_CLOSED,
+        reason: route.pick.reason.as_str(),
+        model: Some(req.facts.model),
+    });
+    log_answer(shard, req, route, (prefill, CLIENT_CLOSED), tries);
 }
 
 /// Passes a prefill leg's refusal (a 4xx: the request itself is bad) to the client,
