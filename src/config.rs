@@ -219,6 +219,9 @@ struct ServerWire {
     max_uri_bytes: usize,
     /// How long an idle client keep-alive connection is kept open.
     client_idle_timeout_ms: u64,
+    /// After this long without a request, an idle keep-alive connection gives its
+    /// buffers back and waits for its next byte holding almost no memory.
+    client_park_after_ms: u64,
     /// From a request head's first byte to its end; slower is 408 and close.
     head_timeout_ms: u64,
     /// For a whole request body; slower is 408 and close.
@@ -242,6 +245,7 @@ impl Default for ServerWire {
             max_head_bytes: 16 << 10,
             max_uri_bytes: 8 << 10,
             client_idle_timeout_ms: 60_000,
+            client_park_after_ms: 1_000,
             head_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             max_connections: 10_000,
@@ -553,6 +557,7 @@ pub struct ServerConfig {
     pub max_head_bytes: usize,
     pub max_uri_bytes: usize,
     pub client_idle_timeout: Duration,
+    pub client_park_after: Duration,
     pub head_timeout: Duration,
     pub body_timeout: Duration,
     pub max_connections: usize,
@@ -1044,6 +1049,11 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         client_idle_timeout: millis(
             s.client_idle_timeout_ms,
             "server.client_idle_timeout_ms",
+            errors,
+        ),
+        client_park_after: millis(
+            s.client_park_after_ms,
+            "server.client_park_after_ms",
             errors,
         ),
         head_timeout: millis(s.head_timeout_ms, "server.head_timeout_ms", errors),

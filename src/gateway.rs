@@ -157,6 +157,7 @@ impl Gateway {
                         let shard = Shard::new(id, shared, fleet);
                         monoio::spawn(shard.clone().command_loop(commands));
                         monoio::spawn(crate::stall::watch(shard.clone()));
+                        monoio::spawn(crate::shard::reclaim::watch(shard.clone()));
                         monoio::select! {
                             _ = accept_loop(shard.clone(), &listener) => {}
                             _ = stop_rx.recv_async() => {}

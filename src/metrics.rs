@@ -131,6 +131,8 @@ pub struct ShardMetrics {
     pub disagg: DisaggMetrics,
     /// How late this shard's event loop woke for its stall-detection tick.
     pub loop_lag: Histogram,
+    /// Times this shard gave freed memory back after a burst of connections.
+    pub memory_reclaims: u64,
 }
 
 impl ShardMetrics {
@@ -327,6 +329,14 @@ fn render_operations(out: &mut Families, shards: &[ShardMetrics], g: &Gauges<'_>
     );
     for s in shards {
         f.row(shard_label(s.shard), Value::Hist(s.loop_lag.clone()));
+    }
+    let f = out.family(
+        "radixgate_shard_memory_reclaims_total",
+        Kind::Counter,
+        "Times each shard gave its free memory back to the system after a burst of connections closed.",
+    );
+    for s in shards {
+        f.row(shard_label(s.shard), Value::Int(s.memory_reclaims));
     }
     if let Some(c) = g.spans {
         let f = out.family(

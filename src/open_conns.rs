@@ -16,6 +16,8 @@ use std::rc::Rc;
 pub struct OpenConnections {
     fds: RefCell<HashMap<u64, RawFd>>,
     next: Cell<u64>,
+    /// The most open at once since [`OpenConnections::take_peak`] last asked.
+    peak: Cell<usize>,
 }
 
 /// Keeps a connection registered until dropped.
@@ -36,7 +38,12 @@ impl OpenConnections {
     pub fn register(self: &Rc<Self>, stream: &TcpStream) -> Registration {
         let id = self.next.get();
         self.next.set(id + 1);
-        self.fds.borrow_mut().insert(id, stream.as_raw_fd());
+        let open = {
+            let mut fds = self.fds.borrow_mut();
+            fds.insert(id, stream.as_raw_fd());
+            fds.len()
+        };
+        self.peak.set(self.peak.get().max(open));
         Registration {
             registry: self.clone(),
             id,
@@ -49,6 +56,18 @@ impl OpenConnections {
 
     pub fn is_empty(&self) -> bool {
         self.fds.borrow().is_empty()
+    }
+
+    /// The most connections open at once since the last call, and the number open
+    /// now; the peak starts again from now.
+    pub fn take_peak(&self) -> (usize, usize) {
+        let open = self.len();
+        (self.peak.replace(open).max(open), open)
+    }
+
+    /// Gives back the registry's room for connections no longer open.
+    pub fn shrink(&self) {
+        self.fds.borrow_mut().shrink_to_fit();
     }
 
     /// Shuts down every registered connection in both directions.

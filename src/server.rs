@@ -88,22 +88,49 @@ fn request_limits(shard: &Shard) -> RequestLimits {
         max_uri_bytes: server.max_uri_bytes,
         max_body_bytes: server.max_body_bytes,
         idle_timeout: server.client_idle_timeout,
+        park_after: Some(server.client_park_after),
         head_timeout: server.head_timeout,
         body_timeout: server.body_timeout,
     }
 }
 
+/// Serves one client connection for its life, in two states. Busy: requests are
+/// read and answered with the connection's buffers, in a future of its own
+/// ([`serve_requests`]), boxed so that its size (the whole request path's) is
+/// allocated only while the connection is busy. Parked, after
+/// `server.client_park_after_ms` without a request: the buffers are back in the
+/// shard's pool, the busy future is freed, and the connection waits for readability
+/// holding its socket and little else, until its idle timeout.
 pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
-    let mut conn = ClientConn::new(stream, shard.take_buffer());
-    let _registered = shard.conns.register(&conn.stream);
+    let registered = shard.conns.register(&stream);
+    let mut stream = stream;
     loop {
-        let limits = request_limits(&shard);
+        let (back, next) = Box::pin(serve_requests(&shard, stream)).await;
+        stream = back;
+        let Some(idle_deadline) = next else { break };
+        match monoio::time::timeout_at(idle_deadline, stream.readable(false)).await {
+            Ok(Ok(())) => {}
+            _ => break,
+        }
+    }
+    // Unregistered before the socket closes (see `OpenConnections::register`).
+    drop(registered);
+    drop(stream);
+}
+
+/// Reads and answers requests until the connection is done (`None`) or idle past
+/// `park_after` (`Some` of its idle deadline); gives the socket back either way.
+async fn serve_requests(shard: &Rc<Shard>, stream: TcpStream) -> (TcpStream, Option<Instant>) {
+    let mut conn = ClientConn::new(stream, shard.take_buffer());
+    let next = loop {
+        let limits = request_limits(shard);
         match conn.read_request(&limits).await {
             Ok(ReadOutcome::Request) => {}
-            Ok(ReadOutcome::Closed) => break,
+            Ok(ReadOutcome::Closed) => break None,
+            Ok(ReadOutcome::Idle { deadline }) => break Some(deadline),
             Err(e) => {
-                let _ = respond_error(&shard, &mut conn.stream, &e, "", false, None).await;
-                break;
+                let _ = respond_error(shard, &mut conn.stream, &e, "", false, None).await;
+                break None;
             }
         }
         // While draining, answer this request and close the connection after it.
@@ -111,14 +138,15 @@ pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
             conn.head.keep_alive = false;
         }
         shard.active_requests.set(shard.active_requests.get() + 1);
-        let keep_open = handle_request(&shard, &mut conn).await;
+        let keep_open = handle_request(shard, &mut conn).await;
         shard.active_requests.set(shard.active_requests.get() - 1);
         if !keep_open || !conn.head.keep_alive {
-            break;
+            break None;
         }
-    }
-    drop(_registered);
-    shard.give_buffer(conn.into_buffer());
+    };
+    let (stream, buffer) = conn.into_parts();
+    shard.give_buffer(buffer);
+    (stream, next)
 }
 
 /// Graceful stop: no new connections (the caller dropped the listener), then wait

@@ -13,6 +13,7 @@
 //! follows the new settings.
 
 pub mod edge_queue;
+pub mod reclaim;
 
 use crate::config::Hashing;
 use crate::control::{ShardCommand, Shared};

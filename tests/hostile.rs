@@ -480,3 +480,72 @@ fn absolute_form_targets(io: &str) {
     still_serves(addr);
 }
 both_drivers!(absolute_form_targets);
+
+/// A keep-alive connection idle past `client_park_after_ms` is parked (its buffers
+/// given back) and serves its next request as before, whole or in pieces; the
+/// idle timeout still counts from its last request.
+fn parked_connections_serve_and_expire(io: &str) {
+    let limits = format!("{LIMITS}client_park_after_ms = 30\n");
+    let (_e, gw) = instant_fleet(io, 1, 1, &limits);
+    let addr = gw.local_addr();
+    let mut c = Client::connect(addr);
+    assert_eq!(c.get("/health").status, 200);
+    pause(Duration::from_millis(120));
+    let r = c.post(
+        "/v1/chat/completions",
+        &chat_body("after a park", false),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    pause(Duration::from_millis(120));
+    // Woken by the first piece of a request; the rest follows within the head and
+    // body timeouts.
+    let request = post_bytes("/v1/chat/completions", &chat_body("in pieces", false), &[]);
+    let (head, body) = request.split_at(request.len() - 10);
+    c.send(&head[..20]);
+    pause(Duration::from_millis(60));
+    c.send(&head[20..]);
+    pause(Duration::from_millis(60));
+    c.send(body);
+    let r = c.read_response();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Parked again, then closed at the idle timeout (400 ms), not at the park.
+    let idle = Instant::now();
+    assert!(c.is_closed(), "idle connection not closed");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    still_serves(addr);
+}
+both_drivers!(parked_connections_serve_and_expire);
+
+/// After a burst of connections closes, the shard gives its free memory back (and
+/// counts it); a burst still open does not trigger it.
+fn memory_is_reclaimed_after_a_burst(io: &str) {
+    let (_e, gw) = instant_fleet(io, 1, 1, "");
+    let addr = gw.local_addr();
+    let reclaims = || {
+        let m = Client::connect(addr).get("/metrics").text();
+        metric(&m, "radixgate_shard_memory_reclaims_total{shard=\"0\"}").unwrap_or(-1.0)
+    };
+    assert_eq!(reclaims(), 0.0);
+    let burst: Vec<Client> = (0..400)
+        .map(|_| {
+            let mut c = Client::connect(addr);
+            assert_eq!(c.get("/health").status, 200);
+            c
+        })
+        .collect();
+    // Open, the burst is not reclaimed (a tick passes meanwhile).
+    pause(Duration::from_millis(1200));
+    assert_eq!(reclaims(), 0.0);
+    drop(burst);
+    assert!(
+        eventually(Duration::from_secs(4), || reclaims() >= 1.0),
+        "no reclaim after 400 connections closed"
+    );
+    still_serves(addr);
+}
+both_drivers!(memory_is_reclaimed_after_a_burst);

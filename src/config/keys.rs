@@ -83,6 +83,7 @@ pub const KEYS: &[Key] = &[
     live("server.max_head_bytes"),
     live("server.max_uri_bytes"),
     live("server.client_idle_timeout_ms"),
+    live("server.client_park_after_ms"),
     live("server.head_timeout_ms"),
     live("server.body_timeout_ms"),
     live("server.max_connections"),

@@ -156,7 +156,8 @@ impl Engine {
         loop {
             match conn.read_request(&limits).await {
                 Ok(ReadOutcome::Request) => {}
-                Ok(ReadOutcome::Closed) => return,
+                // Lenient limits never park: `Idle` does not come.
+                Ok(ReadOutcome::Closed | ReadOutcome::Idle { .. }) => return,
                 Err(e) => {
                     let _ = conn.stream.write_all(e.to_response(b"", false)).await;
                     return;

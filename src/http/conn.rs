@@ -12,6 +12,11 @@
 //! (slowloris): `idle_timeout` between requests (waiting for a first byte),
 //! `head_timeout` from a head's first byte to its end, `body_timeout` for the whole
 //! body. Each is a deadline for the whole phase, not per read.
+//!
+//! Between requests, a connection idle for `park_after` returns
+//! [`ReadOutcome::Idle`] so its owner can park it: give the buffers back, drop the
+//! state of the request path, and wait for the next byte holding almost nothing
+//! (see `server::serve_connection`).
 
 use super::chunked::ChunkedDecoder;
 use super::io::{consume_front, read_append, read_up_to};
@@ -29,6 +34,9 @@ pub struct RequestLimits {
     pub max_uri_bytes: usize,
     pub max_body_bytes: u64,
     pub idle_timeout: Duration,
+    /// Between requests, how long to wait before [`ReadOutcome::Idle`]; `None`
+    /// waits for the whole `idle_timeout`.
+    pub park_after: Option<Duration>,
     pub head_timeout: Duration,
     pub body_timeout: Duration,
 }
@@ -41,6 +49,7 @@ impl RequestLimits {
             max_uri_bytes: 64 << 10,
             max_body_bytes,
             idle_timeout,
+            park_after: None,
             head_timeout: idle_timeout,
             body_timeout: idle_timeout.max(Duration::from_secs(60)),
         }
@@ -64,6 +73,11 @@ pub enum ReadOutcome {
     Request,
     /// The client closed (or idled out) between requests.
     Closed,
+    /// Nothing arrived for `park_after` between requests; the connection stays open
+    /// until `deadline` (its idle timeout).
+    Idle {
+        deadline: Instant,
+    },
 }
 
 impl ClientConn {
@@ -76,8 +90,9 @@ impl ClientConn {
         }
     }
 
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.buf
+    /// The socket and the read buffer (to reuse), the rest dropped.
+    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+        (self.stream, self.buf)
     }
 
     /// Reads the next request's head and body. An `Err` leaves the connection's
@@ -109,7 +124,16 @@ impl ClientConn {
                 }
             }
             let between_requests = self.buf.is_empty();
-            let deadline = head_deadline.unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+            // Between requests: wake at the idle deadline, or earlier to park.
+            let (deadline, idle_deadline) = match head_deadline {
+                Some(d) => (d, None),
+                None => {
+                    let now = Instant::now();
+                    let idle = now + limits.idle_timeout;
+                    let park = limits.park_after.map_or(idle, |p| (now + p).min(idle));
+                    (park, Some(idle))
+                }
+            };
             let read = monoio::time::timeout_at(
                 deadline,
                 read_append(&mut self.stream, &mut self.buf, 4096),
@@ -132,7 +156,13 @@ impl ClientConn {
                         ),
                     ))
                 }
-                _ => return Ok(ReadOutcome::Closed),
+                Err(_) => {
+                    return Ok(match idle_deadline {
+                        Some(idle) if deadline < idle => ReadOutcome::Idle { deadline: idle },
+                        _ => ReadOutcome::Closed,
+                    })
+                }
+                Ok(_) => return Ok(ReadOutcome::Closed),
             }
         };
         if self.head.path.len() > limits.max_uri_bytes {
