@@ -212,11 +212,13 @@ pub enum Share {
     },
 }
 
-/// The coordinator's index and session bindings at `now_ms` (its index clock), for a
-/// joining peer.
+/// The coordinator's index, session bindings and RAG chunk holdings at `now_ms` (its
+/// index clock), for a joining peer.
 pub struct Snapshot {
     pub now_ms: u64,
     pub index: Vec<Held>,
     /// `(session, backend, last bound)`.
     pub sessions: Vec<(u64, BackendIdx, u64)>,
+    /// `(backend, sent at, chunks)`.
+    pub chunks: Vec<(BackendIdx, u64, Vec<u64>)>,
 }

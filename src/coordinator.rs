@@ -332,6 +332,7 @@ impl Coordinator {
                     now_ms: self.shared.now_ms(),
                     index: self.replica.index.export(),
                     sessions: self.replica.sessions.export(),
+                    chunks: self.replica.chunks.export(),
                 });
             }
         }

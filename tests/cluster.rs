@@ -408,6 +408,13 @@ fn a_replica_started_after_the_traffic_starts_warm() {
     let homes: Vec<String> = (0..6)
         .map(|doc| ask(a.local_addr(), &doc_prompt(doc, 0)).1)
         .collect();
+    // RAG chunks sent through A: their holdings travel in the snapshot too.
+    let rag = Client::connect(a.local_addr()).post(
+        "/v1/chat/completions",
+        &rag_body(&[1, 2, 3], "first"),
+        &[],
+    );
+    assert_eq!(rag.status, 200, "{}", rag.text());
     common::wait_replicated(a.local_addr());
     // B starts after the traffic, and no request reaches A from now on.
     let b = replica(&engines, &toml);
@@ -439,8 +446,31 @@ fn a_replica_started_after_the_traffic_starts_warm() {
             "document {doc} on the new replica"
         );
     }
+    // B knows which engine holds chunks 1-3 though it never sent them.
+    let r = Client::connect(b.local_addr()).post(
+        "/v1/chat/completions",
+        &rag_body(&[1, 2, 3, 4], "second"),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-router-backend"), rag.header("x-router-backend"));
+    assert_eq!(r.header("x-router-chunk-overlap"), Some("3"), "{r:?}");
     a.shutdown();
     b.shutdown();
+}
+
+fn rag_body(chunks: &[usize], query: &str) -> String {
+    let chunks: Vec<String> = chunks
+        .iter()
+        .map(|&n| {
+            let text: String = (0..30).map(|i| format!("chunk{n}-fact{i} ")).collect();
+            format!("\"{text}\"")
+        })
+        .collect();
+    format!(
+        r#"{{"model":"sim","max_tokens":2,"rag":{{"system":"Answer from the context.","chunks":[{}],"query":"{query}"}}}}"#,
+        chunks.join(",")
+    )
 }
 
 #[test]

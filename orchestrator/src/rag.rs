@@ -183,6 +183,27 @@ impl ChunkIndex {
         });
     }
 
+    /// Every holding, for a joining replica: `(backend, sent at ms, chunks)`, one
+    /// entry per backend and time (the chunks one request sent there together),
+    /// sorted. Inserting each entry into an empty index rebuilds this one.
+    pub fn export(&self) -> Vec<(BackendIdx, u64, Vec<u64>)> {
+        let mut groups: HashMap<(BackendIdx, u64), Vec<u64>> = HashMap::new();
+        for (&chunk, h) in &self.holders {
+            for &(backend, at) in &h.backends {
+                groups.entry((backend, at)).or_default().push(chunk);
+            }
+        }
+        let mut out: Vec<_> = groups
+            .into_iter()
+            .map(|((backend, at), mut chunks)| {
+                chunks.sort_unstable();
+                (backend, at, chunks)
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     pub fn len(&self) -> usize {
         self.holders.len()
     }
@@ -287,6 +308,32 @@ mod tests {
             with_chunk_affinity(by(Reason::NoMatch), None),
             by(Reason::NoMatch)
         );
+    }
+
+    #[test]
+    fn an_export_rebuilds_the_holdings() {
+        let mut index = ChunkIndex::new(1000);
+        index.insert(0, &[1, 2, 3], 10);
+        index.insert(1, &[2, 3, 4], 20);
+        index.insert(0, &[3], 30);
+        for b in 2..6 {
+            // More holders than a chunk keeps: the oldest go.
+            index.insert(b, &[9], 40 + b as u64);
+        }
+        let mut rebuilt = ChunkIndex::new(1000);
+        for (backend, at, chunks) in index.export() {
+            rebuilt.insert(backend, &chunks, at);
+        }
+        assert_eq!(rebuilt.export(), index.export());
+        for backend in 0..6 {
+            for query in [&[1, 2, 3][..], &[2, 3, 4], &[3], &[9], &[7]] {
+                assert_eq!(
+                    rebuilt.overlap(backend, query),
+                    index.overlap(backend, query)
+                );
+            }
+        }
+        assert_eq!(rebuilt.len(), index.len());
     }
 
     #[test]

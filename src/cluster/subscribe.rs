@@ -540,7 +540,10 @@ impl Subscriber {
         let mut blocks = 0u64;
         let mut load = Vec::with_capacity(batch.ops.len());
         for op in batch.ops {
-            if !matches!(op, Op::Insert { .. } | Op::BindSession { .. }) {
+            if !matches!(
+                op,
+                Op::Insert { .. } | Op::BindSession { .. } | Op::HoldChunks { .. }
+            ) {
                 continue;
             }
             // Snapshot times are ages: this replica's clock is not the peer's.
@@ -606,7 +609,8 @@ impl Subscriber {
         };
         let keys = backend_keys(&self.live);
         let key_of = |slot: usize| keys.get(slot).copied().flatten();
-        let mut ops = Vec::with_capacity(snap.index.len() + snap.sessions.len());
+        let mut ops =
+            Vec::with_capacity(snap.index.len() + snap.sessions.len() + snap.chunks.len());
         for h in snap.index {
             if let Some(backend) = key_of(h.backend) {
                 ops.push(Op::Insert {
@@ -621,6 +625,15 @@ impl Subscriber {
                 ops.push(Op::BindSession {
                     session,
                     backend,
+                    now_ms: snap.now_ms.saturating_sub(at),
+                });
+            }
+        }
+        for (slot, at, chunks) in snap.chunks {
+            if let Some(backend) = key_of(slot) {
+                ops.push(Op::HoldChunks {
+                    backend,
+                    chunks: chunks.into(),
                     now_ms: snap.now_ms.saturating_sub(at),
                 });
             }
