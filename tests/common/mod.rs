@@ -455,3 +455,26 @@ pub fn instant_fleet(
     let gw = start_gateway(io, shards, extra, &backends);
     (engines, gw)
 }
+
+/// After a client left: waits (up to 1 s) until none of `backends` has a request in
+/// flight and the gateway's `radixgate_requests_total` series starting with
+/// `counted_499` (its labels up to the 499 status) reads 1, then checks that no
+/// backend's breaker opened.
+pub fn assert_departure_released(addr: SocketAddr, backends: &[&str], counted_499: &str) {
+    let released = eventually(Duration::from_secs(1), || {
+        let m = Client::connect(addr).get("/metrics").text();
+        backends.iter().all(|b| {
+            let in_flight = format!("radixgate_backend_in_flight{{backend=\"{b}\"}}");
+            metric(&m, &in_flight) == Some(0.0)
+        }) && metric(&m, counted_499) == Some(1.0)
+    });
+    let m = Client::connect(addr).get("/metrics").text();
+    assert!(
+        released,
+        "accounting not released or the 499 not counted:\n{m}"
+    );
+    for b in backends {
+        let state = format!("radixgate_breaker_state{{backend=\"{b}\"}}");
+        assert_eq!(metric(&m, &state), Some(0.0), "{b}:\n{m}");
+    }
+}
