@@ -441,6 +441,7 @@ async fn scrape(shard: &Shard) -> String {
         .zip(shared.kv_events.iter())
         .map(|(b, c)| b.kv_events.as_ref().map(|_| c))
         .collect();
+    let capacity = shared.capacity.get();
     metrics::render(
         &copies,
         &metrics::Gauges {
@@ -473,6 +474,7 @@ async fn scrape(shard: &Shard) -> String {
             cluster: shared.cluster.as_deref(),
             peer_in_flight: &peer_in_flight,
             peer_pending_prefill_tokens: &peer_pending_prefill_tokens,
+            capacity: capacity.as_deref(),
         },
     )
 }
