@@ -32,7 +32,7 @@ SLO_MS=${SLO_MS:-2000}
 TOKEN=capacity-validation-token-0123
 
 if [ ! -x "$bin" ] || [ ! -x "$bench" ]; then
-    (cd "$repo" && cargo build --bin radixgate --bin radixgate-bench)
+    (cd "$repo" && cargo build --bin radixgate && cargo build -p radixgate-bench)
 fi
 
 pids=()
