@@ -32,7 +32,10 @@ fn token_file() -> String {
 fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Response {
     let mut c = Client::connect(addr);
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    c.send(format!("{method} {path} HTTP/1.1\r\nHost: a\r\n{auth}Content-Length: 0\r\n\r\n").as_bytes());
+    c.send(
+        format!("{method} {path} HTTP/1.1\r\nHost: a\r\n{auth}Content-Length: 0\r\n\r\n")
+            .as_bytes(),
+    );
     c.read_response()
 }
 
@@ -118,13 +121,19 @@ fn recommendation_follows_load(io: &str) {
     let report = || admin(admin_addr, "GET", "/admin/capacity", Some(TOKEN)).json();
 
     // The endpoint is the admin API's: token and method rules.
-    assert_eq!(admin(admin_addr, "GET", "/admin/capacity", None).status, 401);
+    assert_eq!(
+        admin(admin_addr, "GET", "/admin/capacity", None).status,
+        401
+    );
     let post = admin(admin_addr, "POST", "/admin/capacity", Some(TOKEN));
     assert_eq!(post.status, 405);
     assert!(post.json()["error"]["message"].is_string());
 
     // Light load: one client.
-    let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let clients = load(addr, 1, &stop, &done);
     let mut light = Value::Null;
     assert!(
@@ -132,8 +141,9 @@ fn recommendation_follows_load(io: &str) {
             let r = report();
             match pool(&r) {
                 // A whole window of the light load.
-                Some(p) if p["inputs"]["requests"].as_u64() >= Some(10)
-                    && r["window_seconds"].as_f64() >= Some(0.9) =>
+                Some(p)
+                    if p["inputs"]["requests"].as_u64() >= Some(10)
+                        && r["window_seconds"].as_f64() >= Some(0.9) =>
                 {
                     check_model(&r, &p);
                     light = p;
@@ -152,17 +162,25 @@ fn recommendation_follows_load(io: &str) {
     assert!(light_engines >= 1, "{light}");
     // Little's law: one closed-loop client keeps at most one request in service
     // (the window's edges may hold part of one more).
-    assert!(light_erlangs <= 1.2, "one client offers about 1 Erlang at most: {light}");
+    assert!(
+        light_erlangs <= 1.2,
+        "one client offers about 1 Erlang at most: {light}"
+    );
 
     // Heavy load: eight clients. The window then holds only heavy traffic once its
     // rate is past what one client could offer.
-    let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let clients = load(addr, 8, &stop, &done);
     let mut heavy = Value::Null;
     let rose = eventually(Duration::from_secs(20), || {
         let r = report();
         match pool(&r) {
-            Some(p) if p["model"]["offered_erlangs"].as_f64() > Some(2.0 * light_erlangs.max(0.5)) => {
+            Some(p)
+                if p["model"]["offered_erlangs"].as_f64() > Some(2.0 * light_erlangs.max(0.5)) =>
+            {
                 check_model(&r, &p);
                 heavy = p;
                 true
@@ -183,12 +201,23 @@ fn recommendation_follows_load(io: &str) {
     });
     stop.store(true, Ordering::Relaxed);
     clients.into_iter().for_each(|c| c.join().unwrap());
-    assert!(rose, "the offered load never rose: light {light}, now {}", report());
+    assert!(
+        rose,
+        "the offered load never rose: light {light}, now {}",
+        report()
+    );
     assert!(same, "/metrics and /admin/capacity disagree");
-    assert!(busy, "the engines' own busy count never showed: {}", report());
+    assert!(
+        busy,
+        "the engines' own busy count never showed: {}",
+        report()
+    );
     let heavy_engines = heavy["recommended_engines"].as_u64().unwrap();
     // More than twice the Erlangs on 2-slot engines: strictly more engines.
-    assert!(heavy_engines > light_engines, "light {light}\nheavy {heavy}");
+    assert!(
+        heavy_engines > light_engines,
+        "light {light}\nheavy {heavy}"
+    );
     assert_eq!(heavy["observed"]["engines"], 2);
     let m = Client::connect(addr).get("/metrics").text();
     for family in [

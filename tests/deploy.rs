@@ -205,7 +205,9 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         assert_eq!(trigger["type"].as_str(), Some("prometheus"));
         let query = trigger["metadata"]["query"].as_str().unwrap();
         assert!(
-            query.contains(&format!("radixgate_capacity_recommended_engines{{pool=\"{pool}\"}}")),
+            query.contains(&format!(
+                "radixgate_capacity_recommended_engines{{pool=\"{pool}\"}}"
+            )),
             "{query}"
         );
     }

@@ -111,7 +111,9 @@ pub fn run(cfg: &LoadConfig, workload: &Workload) -> std::io::Result<RunResult> 
             let handle = thread::Builder::new()
                 .name(format!("radixgate-bench-conn-{k}"))
                 .stack_size(256 * 1024)
-                .spawn_scoped(scope, move || worker(cfg, workload, next, deadline, arrivals))?;
+                .spawn_scoped(scope, move || {
+                    worker(cfg, workload, next, deadline, arrivals)
+                })?;
             handles.push(handle);
         }
         let mut total = Stats::default();

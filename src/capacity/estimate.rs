@@ -135,7 +135,12 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn new(at: Instant, shards: &[ShardMetrics], fleet: &FleetSnapshot, pools: &[Pool]) -> Self {
+    pub fn new(
+        at: Instant,
+        shards: &[ShardMetrics],
+        fleet: &FleetSnapshot,
+        pools: &[Pool],
+    ) -> Self {
         let models = shards.iter().map(|s| s.ttft.len()).max().unwrap_or(0);
         let mut sample = Sample {
             at,
@@ -201,10 +206,7 @@ pub fn estimate(
         (Some(a), Some(b)) => b.at.saturating_duration_since(a.at).as_secs_f64(),
         _ => 0.0,
     };
-    let mut inputs: Vec<PoolInputs> = pools
-        .iter()
-        .map(|p| measure(window, p, span))
-        .collect();
+    let mut inputs: Vec<PoolInputs> = pools.iter().map(|p| measure(window, p, span)).collect();
     // Budgets: the SLO less the first token's service; a split model's two legs
     // share what is left after both.
     let split_first: f64 = pools

@@ -110,7 +110,10 @@ mod tests {
             "capacity.engine_slots",
             "capacity.window_ms",
         ] {
-            assert!(errors.iter().any(|e| e.starts_with(key)), "{key}: {errors:?}");
+            assert!(
+                errors.iter().any(|e| e.starts_with(key)),
+                "{key}: {errors:?}"
+            );
         }
     }
 }

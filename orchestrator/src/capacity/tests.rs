@@ -47,7 +47,11 @@ fn engines_are_slots_times_count() {
     // M/M/3; its p95 wait is ln(0.4444 / 0.05) / (6 − 4) = 1.092 s.
     let one = queue_at(&input(4.0, 0.5, 0.0, 3), 1).unwrap();
     assert!(close(one.wait_probability, 4.0 / 9.0, 1e-12));
-    assert!(close(one.quantile_wait_seconds, (4.0f64 / 9.0 / 0.05).ln() / 2.0, 1e-9));
+    assert!(close(
+        one.quantile_wait_seconds,
+        (4.0f64 / 9.0 / 0.05).ln() / 2.0,
+        1e-9
+    ));
     // A budget of 1.1 s takes one engine; 1.0 s needs a second.
     assert_eq!(recommend(&input(4.0, 0.5, 1.1, 3)).engines, 1);
     let two = recommend(&input(4.0, 0.5, 1.0, 3));
