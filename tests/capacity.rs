@@ -229,6 +229,17 @@ fn recommendation_follows_load(io: &str) {
         assert!(metric(&m, family).is_some(), "{family} missing");
     }
     assert_eq!(metric(&m, "radixgate_capacity_ttft_slo_seconds"), Some(2.0));
+    // Every capacity family is in the metrics table (docs/operations.md).
+    let documented = documented_metrics();
+    let families: Vec<&str> = m
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE radixgate_capacity_"))
+        .collect();
+    assert_eq!(families.len(), 10, "{m}");
+    for f in families {
+        let name = format!("radixgate_capacity_{}", f.split(' ').next().unwrap());
+        assert!(documented.contains(&name), "{name} is not documented");
+    }
 
     // No load: once the window has no request left, no engine is needed.
     assert!(
