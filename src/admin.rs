@@ -7,6 +7,8 @@
 //! validates the config file here, off the coordinator (see [`crate::reload`]).
 //! `GET /admin/config` shows every key in force (secrets redacted).
 //! `GET /admin/shards` asks the shards themselves (see [`crate::placement`]).
+//! `GET /admin/capacity` shows the capacity signal's last report (see
+//! [`crate::capacity`]).
 
 use crate::config::BackendConfig;
 use crate::control::{ask, AdminRequest, Shared};
@@ -197,6 +199,10 @@ fn route(
         ("GET", ["admin", "index"]) => ok(ask(coordinator, AdminRequest::Index)?),
         ("GET", ["admin", "config"]) => ok(ask(coordinator, AdminRequest::Config)?),
         ("GET", ["admin", "shards"]) => ok(shards_json(&ctx.shared)),
+        ("GET", ["admin", "capacity"]) => ok(match ctx.shared.capacity.get() {
+            Some(report) => report.to_json(),
+            None => serde_json::json!({ "samples": 0, "pools": [] }),
+        }),
         ("GET", ["admin", "cluster"]) => match &ctx.shared.cluster {
             Some(status) => ok(status.to_json()),
             None => Err(GatewayError::new(
@@ -243,6 +249,7 @@ fn route(
             | ["admin", "index"]
             | ["admin", "config"]
             | ["admin", "shards"]
+            | ["admin", "capacity"]
             | ["admin", "cluster"]
             | ["admin", "reload"]
             | ["admin", "backends", _]

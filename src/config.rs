@@ -8,6 +8,7 @@
 
 use crate::chat_template::ChatTemplate;
 mod admission;
+mod capacity;
 mod cluster;
 mod disagg;
 pub mod keys;
@@ -17,6 +18,7 @@ pub use cluster::ClusterConfig;
 pub use traces::TracesConfig;
 
 pub use admission::{AdmissionConfig, TierConfig};
+pub use capacity::CapacityConfig;
 pub use disagg::{check_backend as check_backend_role, DisaggConfig, Protocol, Role, SplitModels};
 use radixgate_orchestrator::PolicyName;
 use serde::{Deserialize, Serialize};
@@ -65,6 +67,8 @@ struct ConfigFile {
     tenants: Vec<TenantWire>,
     #[serde(default)]
     workflows: workflows::WorkflowsWire,
+    #[serde(default)]
+    capacity: capacity::CapacityWire,
     #[serde(default)]
     backends: Vec<BackendWire>,
     /// `[models.<name>]`: per-model settings (today: `disagg`, a split pool).
@@ -692,6 +696,8 @@ pub struct Config {
     pub tenant_prefix_isolation: bool,
     pub admission: AdmissionConfig,
     pub workflows: WorkflowsConfig,
+    /// The capacity signal: TTFT SLO, engine slots, measurement window.
+    pub capacity: CapacityConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
     /// Models served by split prefill/decode pools (`[models.<name>.disagg]`).
@@ -1340,6 +1346,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         tenant_prefix_isolation,
         admission,
         workflows,
+        capacity: capacity::validate(wire.capacity, errors),
         tenants,
         backends,
         split_models,

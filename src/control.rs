@@ -68,6 +68,8 @@ pub struct Shared {
     /// Cluster mode's state, as its threads report it (`None` outside a cluster;
     /// set by the gateway at start).
     pub cluster: Option<Arc<crate::status::ClusterStatus>>,
+    /// The capacity signal's latest report (the capacity thread writes it).
+    pub capacity: Arc<crate::status::capacity::CapacityStatus>,
 }
 
 impl Shared {
@@ -102,6 +104,7 @@ impl Shared {
             access_log,
             spans: None,
             cluster: None,
+            capacity: Arc::default(),
             span_counters: Default::default(),
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),
@@ -160,6 +163,8 @@ pub enum AdminRequest {
     Index(Sender<serde_json::Value>),
     /// The configuration in force as JSON, secrets redacted.
     Config(Sender<serde_json::Value>),
+    /// The fleet as last published (the capacity thread's view of the engines).
+    Fleet(Sender<Arc<FleetSnapshot>>),
     /// Add a validated backend (409 for a duplicate id).
     AddBackend {
         backend: Box<BackendConfig>,

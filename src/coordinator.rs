@@ -315,6 +315,9 @@ impl Coordinator {
             AdminRequest::Reload { config, reply } => {
                 let _ = reply.send(self.on_reload(*config));
             }
+            AdminRequest::Fleet(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
             AdminRequest::PeerFault { backend } => self.on_peer_fault(backend),
             AdminRequest::LoadPeerOps { ops, reply } => {
                 let created = std::time::Instant::now();
@@ -375,17 +378,22 @@ impl Coordinator {
     /// Sends every shard one new immutable snapshot of the whole fleet.
     fn publish_fleet(&mut self) {
         self.version += 1;
-        let snapshot = Arc::new(FleetSnapshot {
+        let snapshot = self.snapshot();
+        for s in &self.shared.shard_commands {
+            let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
+        }
+    }
+
+    /// The fleet as it stands, numbered with the current version.
+    fn snapshot(&self) -> Arc<FleetSnapshot> {
+        Arc::new(FleetSnapshot {
             version: self.version,
             live: self.live.clone(),
             healthy: self.healthy.clone().into_boxed_slice(),
             engine: self.engine.clone().into_boxed_slice(),
             breaker: self.breakers.iter().map(Breaker::state).collect(),
             draining: self.draining.clone().into_boxed_slice(),
-        });
-        for s in &self.shared.shard_commands {
-            let _ = s.send(ShardCommand::Fleet(snapshot.clone()));
-        }
+        })
     }
 
     /// Applies one health-check result; true when the backend changed state.

@@ -296,6 +296,14 @@ impl Gateway {
                     })?,
             );
         }
+        {
+            let (shared, coordinator, stop) = (shared.clone(), admin_tx.clone(), stop_rx.clone());
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-capacity".into())
+                    .spawn(move || crate::capacity::run(shared, coordinator, stop))?,
+            );
+        }
         let health_handle = std::thread::Builder::new()
             .name("radixgate-health".into())
             .spawn(move || {

@@ -12,6 +12,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod backends;
+pub mod capacity;
 pub mod chat_template;
 pub mod cluster;
 pub mod config;

@@ -7,6 +7,7 @@
 
 mod families;
 
+mod capacity;
 mod disagg;
 
 pub use disagg::DisaggMetrics;
@@ -36,6 +37,14 @@ impl Histogram {
         }
         self.count += 1;
         self.sum_seconds += s;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_seconds
     }
 
     fn merge(&mut self, other: &Histogram) {
@@ -252,6 +261,8 @@ pub struct Gauges<'a> {
     /// as they last reported them (zeros outside a cluster).
     pub peer_in_flight: &'a [u32],
     pub peer_pending_prefill_tokens: &'a [u32],
+    /// The capacity signal's last report, once there is one.
+    pub capacity: Option<&'a crate::status::capacity::CapacityReport>,
 }
 
 impl Gauges<'_> {
@@ -723,6 +734,9 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         Value::Hist(merged.replica_age.clone()),
     );
     render_operations(&mut out, shards, g);
+    if let Some(report) = g.capacity {
+        capacity::render(&mut out, report);
+    }
     if let Some(c) = g.cluster {
         render_cluster(&mut out, c, g);
     }
@@ -777,6 +791,7 @@ mod tests {
                 cluster: None,
                 peer_in_flight: &[],
                 peer_pending_prefill_tokens: &[],
+                capacity: None,
             },
         );
         assert!(text.contains(

@@ -469,6 +469,7 @@ async fn scrape(shard: &Shard) -> String {
         .zip(shared.kv_events.iter())
         .map(|(b, c)| b.kv_events.as_ref().map(|_| c))
         .collect();
+    let capacity = shared.capacity.get();
     metrics::render(
         &copies,
         &metrics::Gauges {
@@ -501,6 +502,7 @@ async fn scrape(shard: &Shard) -> String {
             cluster: shared.cluster.as_deref(),
             peer_in_flight: &peer_in_flight,
             peer_pending_prefill_tokens: &peer_pending_prefill_tokens,
+            capacity: capacity.as_deref(),
         },
     )
 }

@@ -1,8 +1,13 @@
 //! Status that a control-plane thread writes and scrapes read: what the cluster
 //! threads report ([`ClusterStatus`]), read by `/metrics` and `/admin/cluster`.
 //!
+//! [`capacity`] holds the capacity signal's latest report (the capacity thread
+//! writes it; `/metrics` and `/admin/capacity` read it).
+//!
 //! It sits below both its writers (`crate::cluster`) and its readers
 //! (`crate::metrics`, the admin API), so neither reaches into the other.
+
+pub mod capacity;
 
 use crate::config::ClusterConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

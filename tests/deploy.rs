@@ -166,6 +166,7 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         "pdb.yaml",
         "hpa.yaml",
         "bus.yaml",
+        "engines-autoscale.yaml",
     ] {
         for doc in yaml_docs(&format!("k8s/{file}")) {
             let kind = doc["kind"]
@@ -189,8 +190,26 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
         "StatefulSet",
+        "ScaledObject",
     ] {
         assert!(kinds.iter().any(|k| k == want), "no {want}: {kinds:?}");
+    }
+    // The engine autoscalers follow the capacity signal of their own pool.
+    for (doc, pool) in yaml_docs("k8s/engines-autoscale.yaml")
+        .iter()
+        .zip(["prefill", "decode"])
+    {
+        let target = doc["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
+        assert_eq!(target, format!("vllm-{pool}"));
+        let trigger = &doc["spec"]["triggers"][0];
+        assert_eq!(trigger["type"].as_str(), Some("prometheus"));
+        let query = trigger["metadata"]["query"].as_str().unwrap();
+        assert!(
+            query.contains(&format!(
+                "radixgate_capacity_recommended_engines{{pool=\"{pool}\"}}"
+            )),
+            "{query}"
+        );
     }
     let deployment = &yaml_docs("k8s/deployment.yaml")[0];
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];

@@ -377,6 +377,11 @@ struct LoadArgs {
     /// Per-socket-operation timeout (connect, read, write) in seconds.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
+    /// Open loop: start requests at Poisson arrival times of this many per second
+    /// (seeded by --seed) instead of back to back; --concurrency bounds the requests
+    /// in flight, so give it more than the rate times the longest answer.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Print one JSON object instead of Markdown tables.
     #[arg(long)]
     json: bool,
@@ -792,7 +797,13 @@ fn load_command(args: LoadArgs) -> ExitCode {
         duration: args.duration_secs.map(Duration::from_secs),
         headers: args.headers,
         timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        rate: args.rate,
+        seed: args.seed,
     };
+    if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        eprintln!("error: --rate must be a positive number of requests per second");
+        return ExitCode::FAILURE;
+    }
     let result = match load::run(&cfg, &workload) {
         Ok(r) => r,
         Err(e) => {
@@ -800,6 +811,12 @@ fn load_command(args: LoadArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if result.max_late > Duration::from_millis(10) {
+        eprintln!(
+            "warning: open loop fell behind: a request started {:?} after its arrival time (every connection was busy; raise --concurrency)",
+            result.max_late
+        );
+    }
     let report = Report {
         url: &args.url,
         workload: kind.name(),

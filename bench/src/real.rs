@@ -152,6 +152,8 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                         policy.replace(PRECISE, "prefix_aware"),
                     )],
                     timeout: Duration::from_secs(300),
+                    rate: None,
+                    seed: 1,
                 };
                 let before = fleet.prefix_cache_counters();
                 let result = load::run(&load_cfg, &workload).map_err(|e| e.to_string())?;

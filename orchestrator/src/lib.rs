@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod capacity;
 pub mod dag;
 pub mod disagg;
 pub mod engine_cache;
@@ -27,6 +28,7 @@ pub mod router;
 
 pub use admission::{AdmissionInput, Estimate, ShedReason, Verdict};
 pub use breaker::{Breaker, BreakerConfig, BreakerState};
+pub use capacity::{CapacityInput, Recommendation};
 pub use disagg::{DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
 pub use engine_cache::EngineCache;
 pub use index::{Held, IndexConfig, PrefixIndex, PrefixMatch};

@@ -173,6 +173,12 @@ pub const KEYS: &[Key] = &[
     live("workflows.max_nodes"),
     live("workflows.max_fan_out"),
     live("workflows.max_node_response_bytes"),
+    // The capacity thread reads these from each fleet snapshot.
+    live("capacity.ttft_slo_ms"),
+    live("capacity.quantile"),
+    live("capacity.engine_slots"),
+    live("capacity.interval_ms"),
+    live("capacity.window_ms"),
     live("backends.*"),
     live("backends.*.id"),
     live("backends.*.url"),
