@@ -35,11 +35,11 @@ pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
     Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
-pub use prompt::{model_seed, PromptHasher};
+pub use prompt::{adapter_seed, model_seed, PromptHasher};
 pub use rag::{ChunkIndex, ChunkPick};
 pub use replica::{IndexOp, Replica, SessionTable};
 pub use retry::RetryBudget;
 pub use router::{
-    BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role, RouteError,
+    AdapterIdx, BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role, RouteError,
     Router, RouterConfig, RoutingFacts,
 };
