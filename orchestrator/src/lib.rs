@@ -35,7 +35,7 @@ pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
     Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
-pub use prompt::{adapter_seed, model_seed, PromptHasher};
+pub use prompt::{adapter_seed, adapter_seed_from, model_seed, PromptHasher};
 pub use rag::{ChunkIndex, ChunkPick};
 pub use replica::{IndexOp, Replica, SessionTable};
 pub use retry::RetryBudget;

@@ -91,7 +91,12 @@ pub fn model_seed(model: &str) -> u64 {
 /// and its own name, so an adapter's blocks never match the base model's blocks or
 /// another adapter's (vLLM keeps each adapter's KV cache apart the same way).
 pub fn adapter_seed(base: &str, adapter: &str) -> u64 {
-    xxh3_64_with_seed(adapter.as_bytes(), model_seed(base) ^ 0x6c6f_7261) // "lora"
+    adapter_seed_from(model_seed(base), adapter)
+}
+
+/// [`adapter_seed`] from the base model's [`model_seed`].
+pub fn adapter_seed_from(base_seed: u64, adapter: &str) -> u64 {
+    xxh3_64_with_seed(adapter.as_bytes(), base_seed ^ 0x6c6f_7261) // "lora"
 }
 
 /// Streaming hasher for one prompt at a time; reuse it across requests with

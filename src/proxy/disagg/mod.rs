@@ -92,8 +92,7 @@ pub(super) async fn forward(
         let (prefill, decode) = match pair::choose(
             shard,
             &blocks,
-            req.facts.model,
-            &req.facts.media,
+            &req.facts,
             split,
             &excluded,
         ) {
