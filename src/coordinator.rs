@@ -415,7 +415,11 @@ impl Coordinator {
             return false;
         }
         for (name, _, _) in table.served() {
-            if self.adapters.get(name).is_none_or(|a| self.adapters.serving(a).is_empty()) {
+            if self
+                .adapters
+                .get(name)
+                .is_none_or(|a| self.adapters.serving(a).is_empty())
+            {
                 tracing::info!(adapter = %name, "a LoRA adapter became routable");
             }
         }

@@ -754,13 +754,19 @@ mod tests {
             Value::Array(fields)
         };
         let ops = s.on_message(
-            &message(1, vec![with_lora(&[20], None, Value::from(1), Value::from("a"))]),
+            &message(
+                1,
+                vec![with_lora(&[20], None, Value::from(1), Value::from("a"))],
+            ),
             &c,
             0,
         );
         let adapter = radixgate_orchestrator::adapter_seed("m", "a");
         assert_eq!(inserted(&ops), vec![request_blocks(adapter, &ids[..4])]);
-        assert_ne!(request_blocks(adapter, &ids[..4]), request_blocks(seed, &ids[..4]));
+        assert_ne!(
+            request_blocks(adapter, &ids[..4]),
+            request_blocks(seed, &ids[..4])
+        );
         // A child continues the adapter's chain.
         let child = stored(&[21], Some(20), &ids[4..]);
         let ops = s.on_message(&message(2, vec![child]), &c, 0);

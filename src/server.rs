@@ -431,7 +431,9 @@ fn models_json(shard: &Shard) -> Vec<u8> {
         }
         out.extend_from_slice(b"{\"id\":");
         crate::error::write_json_string(&mut out, name);
-        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\",\"root\":");
+        out.extend_from_slice(
+            b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\",\"root\":",
+        );
         crate::error::write_json_string(&mut out, root.unwrap_or(name));
         out.extend_from_slice(b",\"parent\":");
         crate::error::write_json_string(&mut out, table.models().name(parent));

@@ -71,7 +71,11 @@ fn wait_listed(addr: SocketAddr, adapter: &str) {
     let seen = eventually(Duration::from_secs(10), || {
         listed(addr).iter().any(|(id, _)| id == adapter)
     });
-    assert!(seen, "the gateway never learned `{adapter}`: {:?}", listed(addr));
+    assert!(
+        seen,
+        "the gateway never learned `{adapter}`: {:?}",
+        listed(addr)
+    );
 }
 
 fn matched(r: &Response) -> u32 {
@@ -92,7 +96,10 @@ fn adapter_requests_go_only_to_engines_serving_it(io: &str) {
     wait_listed(addr, "a");
     // Listed with its parent, as vLLM does; the base model has none.
     let models = listed(addr);
-    assert!(models.contains(&("a".into(), Some("sim".into()))), "{models:?}");
+    assert!(
+        models.contains(&("a".into(), Some("sim".into()))),
+        "{models:?}"
+    );
     assert!(models.contains(&("sim".into(), None)), "{models:?}");
     // Every request for `a`, whatever its prompt, goes to e1 (prefix-aware would
     // otherwise spread distinct documents over both).
@@ -138,7 +145,10 @@ fn an_adapter_nobody_serves_is_an_unknown_model(io: &str) {
         let r = post(addr, "a", 0);
         r.status >= 500 && r.error_param_code().1 != "model_not_found"
     });
-    assert!(down, "requests for `a` did not fail over to a 5xx with its engine gone");
+    assert!(
+        down,
+        "requests for `a` did not fail over to a 5xx with its engine gone"
+    );
 }
 both_drivers!(an_adapter_nobody_serves_is_an_unknown_model);
 
@@ -153,12 +163,19 @@ fn an_adapters_blocks_never_match_the_base_models(io: &str) {
     assert_eq!(first.status, 200);
     wait_replicated(addr);
     let again = post(addr, "sim", 1);
-    assert!(matched(&again) > 10, "the base model's own blocks did not match");
+    assert!(
+        matched(&again) > 10,
+        "the base model's own blocks did not match"
+    );
     assert!(cached(&again) > 100);
     let a = post(addr, "a", 1);
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(matched(&a), 0, "an adapter matched the base model's blocks");
-    assert_eq!(cached(&a), 0, "the engine gave an adapter the base model's cache");
+    assert_eq!(
+        cached(&a),
+        0,
+        "the engine gave an adapter the base model's cache"
+    );
     wait_replicated(addr);
     // Then `a` has its own blocks, which `b` does not match either.
     let a2 = post(addr, "a", 1);
@@ -172,7 +189,11 @@ fn an_adapters_blocks_never_match_the_base_models(io: &str) {
     assert_eq!(a3.status, 200);
     wait_replicated(addr);
     let base = post(addr, "sim", 2);
-    assert_eq!(matched(&base), 0, "the base model matched an adapter's blocks");
+    assert_eq!(
+        matched(&base),
+        0,
+        "the base model matched an adapter's blocks"
+    );
     assert_eq!(cached(&base), 0);
 }
 both_drivers!(an_adapters_blocks_never_match_the_base_models);
@@ -202,8 +223,13 @@ fn an_adapter_on_an_engine_added_later_becomes_routable(io: &str) {
     // Removed again: unknown once more.
     let r = admin(gw.admin_addr().unwrap(), "DELETE", "/admin/backends/e1", "");
     assert!(r.status < 300, "{} {}", r.status, r.text());
-    let gone = eventually(Duration::from_secs(5), || post(addr, "late", 0).status == 404);
-    assert!(gone, "the adapter stayed routable after its engine was removed");
+    let gone = eventually(Duration::from_secs(5), || {
+        post(addr, "late", 0).status == 404
+    });
+    assert!(
+        gone,
+        "the adapter stayed routable after its engine was removed"
+    );
     assert!(!listed(addr).iter().any(|(id, _)| id == "late"));
 }
 both_drivers!(an_adapter_on_an_engine_added_later_becomes_routable);

@@ -40,6 +40,6 @@ pub use rag::{ChunkIndex, ChunkPick};
 pub use replica::{IndexOp, Replica, SessionTable};
 pub use retry::RetryBudget;
 pub use router::{
-    AdapterIdx, BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role, RouteError,
-    Router, RouterConfig, RoutingFacts,
+    AdapterIdx, BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role,
+    RouteError, Router, RouterConfig, RoutingFacts,
 };

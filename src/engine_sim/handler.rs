@@ -229,14 +229,7 @@ impl Engine {
                 }
                 ("/v1/models", Method::Get) => {
                     let body = self.models_json();
-                    reply(
-                        &mut conn.stream,
-                        200,
-                        "application/json",
-                        body.into_bytes(),
-                        keep_alive,
-                    )
-                    .await
+                    reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
                 }
                 ("/metrics", Method::Get) => {
                     reply(
@@ -274,8 +267,7 @@ impl Engine {
         for lora in &self.config.loras {
             data.push(entry(lora, &format!("/loras/{lora}"), Some(model)));
         }
-        serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
-            .unwrap_or_default()
+        serde_json::to_vec(&serde_json::json!({"object": "list", "data": data})).unwrap_or_default()
     }
 
     /// vLLM's render endpoints: the prompt as token ids. The simulated tokenizer is

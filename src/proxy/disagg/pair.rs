@@ -6,8 +6,8 @@
 use super::super::route::{apply, route_error, with_fleet};
 use crate::config::DisaggConfig;
 use crate::error::GatewayError;
-use crate::shard::Shard;
 use crate::openai::RequestFacts;
+use crate::shard::Shard;
 use radixgate_orchestrator::{PairOutcome, PolicyName, RoutingFacts};
 
 /// Chooses the pair (or local serving) among the backends not excluded by earlier
