@@ -6,10 +6,13 @@
 //! published to every shard on change. The backend table and live settings are
 //! part of the snapshot; adding and removing backends and applying a reloaded
 //! config live in [`changes`]. The health checks run on their own thread
-//! ([`run_health_checks`]) so a slow backend never delays replication.
+//! ([`run_health_checks`]) so a slow backend never delays replication; with each
+//! passing check they also read the engine's `GET /v1/models`, whose LoRA adapters
+//! become the snapshot's [`AdapterTable`] ([`crate::adapters`]).
 
 mod changes;
 
+use crate::adapters::{self, AdapterTable, EngineAdapter};
 use crate::backends::LiveConfig;
 use crate::config::{BackendConfig, Config};
 use crate::control::{AdminRequest, Outcome, ShardCommand, Share, Shared, Snapshot};
@@ -31,6 +34,9 @@ pub struct HealthReport {
     pub ok: Option<bool>,
     /// `Some(None)`: scraped, nothing usable (stale from now on).
     pub engine: Option<Option<EngineLoad>>,
+    /// The LoRA adapters its `GET /v1/models` lists; `None` when not asked (a failed
+    /// check) or not answered with a model list (the last answer stands).
+    pub adapters: Option<Vec<EngineAdapter>>,
 }
 
 /// Per backend slot (retired slots keep theirs): breaker, health, drain, engine load
@@ -58,6 +64,12 @@ pub struct Coordinator {
     /// Cluster mode: this replica's routing ops and health changes, to the
     /// publisher thread.
     cluster: Option<Sender<Share>>,
+    /// Each slot's adapters as its engine last listed them.
+    learned: Vec<Vec<EngineAdapter>>,
+    /// What the shards route adapters with, derived from `learned` and `adapters_of`.
+    adapters: Arc<AdapterTable>,
+    /// The live config `adapters` was derived for.
+    adapters_of: Arc<LiveConfig>,
 }
 
 impl Coordinator {
@@ -76,6 +88,7 @@ impl Coordinator {
             breaker_config: breaker_config(&live.config),
             capacity,
             shared,
+            adapters_of: live.clone(),
             live,
             followers,
             healthy: vec![true; n],
@@ -87,6 +100,8 @@ impl Coordinator {
             replica,
             restart_pending: Vec::new(),
             cluster: None,
+            learned: Vec::new(),
+            adapters: Arc::default(),
         }
     }
 
@@ -248,6 +263,15 @@ impl Coordinator {
                 self.follow_cache_size(i, tokens);
             }
         }
+        if let Some(listed) = r.adapters {
+            if self.learned.len() <= i {
+                self.learned.resize(i + 1, Vec::new());
+            }
+            if self.learned[i] != listed {
+                self.learned[i] = listed;
+                changed |= self.derive_adapters();
+            }
+        }
         if changed {
             self.publish_fleet();
         }
@@ -362,6 +386,9 @@ impl Coordinator {
                 "kv_usage": e.kv_usage,
                 "cache_tokens": e.cache_tokens,
             })),
+            "adapters": self.adapters.served().filter(|(name, _, _)| {
+                self.adapters.get(name).is_some_and(|a| self.adapters.serves(b, a))
+            }).map(|(name, _, _)| name).collect::<Vec<_>>(),
             "blocks_held": self.replica.index.held_blocks(b),
             "capacity_blocks": self.capacity[b],
             "draining": self.draining[b],
@@ -375,8 +402,41 @@ impl Coordinator {
         tracing::warn!(backend = %id, state = state.as_str(), "circuit breaker changed state");
     }
 
+    /// Derives the adapter table from what the engines listed and the backend table
+    /// in force; true when routing would change.
+    fn derive_adapters(&mut self) -> bool {
+        let (table, ignored) =
+            AdapterTable::derive(&self.adapters, &self.learned, &self.live.backends);
+        if ignored > 0 {
+            tracing::warn!(
+                ignored,
+                max = adapters::MAX_ADAPTERS,
+                "LoRA adapters beyond the gateway's limit are not routed"
+            );
+        }
+        self.adapters_of = self.live.clone();
+        if table.same_as(&self.adapters) {
+            return false;
+        }
+        for (name, _, _) in table.served() {
+            if self
+                .adapters
+                .get(name)
+                .is_none_or(|a| self.adapters.serving(a).is_empty())
+            {
+                tracing::info!(adapter = %name, "a LoRA adapter became routable");
+            }
+        }
+        self.adapters = Arc::new(table);
+        true
+    }
+
     /// Sends every shard one new immutable snapshot of the whole fleet.
     fn publish_fleet(&mut self) {
+        if !Arc::ptr_eq(&self.adapters_of, &self.live) {
+            // Backends or their models changed: which adapters count may too.
+            self.derive_adapters();
+        }
         self.version += 1;
         let snapshot = self.snapshot();
         for s in &self.shared.shard_commands {
@@ -393,6 +453,7 @@ impl Coordinator {
             engine: self.engine.clone().into_boxed_slice(),
             breaker: self.breakers.iter().map(Breaker::state).collect(),
             draining: self.draining.clone().into_boxed_slice(),
+            adapters: self.adapters.clone(),
         })
     }
 
@@ -469,9 +530,15 @@ pub fn run_health_checks(
             next_scrape = now + every;
         }
         for (i, b) in live.backends.live() {
+            let ok = check.then(|| probe_health(b, health.timeout));
             let report = HealthReport {
                 backend: i,
-                ok: check.then(|| probe_health(b, health.timeout)),
+                ok,
+                adapters: (ok == Some(true))
+                    .then(|| http_get(b, "/v1/models", health.timeout))
+                    .flatten()
+                    .filter(|(status, _)| *status == 200)
+                    .and_then(|(_, body)| adapters::parse_model_list(&body)),
                 engine: scrape.then(|| {
                     http_get(b, "/metrics", health.timeout)
                         .filter(|(status, _)| *status == 200)

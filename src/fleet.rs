@@ -3,12 +3,14 @@
 //!
 //! Snapshots arrive whole (one `Arc` swap per change), so a shard never sees half an
 //! update: the backend table and live settings ([`LiveConfig`]) travel inside them,
-//! next to each slot's health, breaker, drain state and engine load. In-flight counts are the one piece of fleet state written on the request
+//! next to each slot's health, breaker, drain state and engine load, and the LoRA
+//! adapters learned from the engines ([`AdapterTable`]). In-flight counts are the one piece of fleet state written on the request
 //! path; each shard writes only its own padded slots (one writer per cache line, so
 //! plain relaxed load+store with no locked instruction), and readers sum the rows.
 //! Relaxed ordering is enough: the sum is a load estimate for balancing, nothing
 //! synchronises through it, and a momentarily stale count only skews one pick.
 
+use crate::adapters::AdapterTable;
 use crate::backends::LiveConfig;
 use crate::engine_metrics::EngineLoad;
 use radixgate_orchestrator::BreakerState;
@@ -28,6 +30,9 @@ pub struct FleetSnapshot {
     pub breaker: Box<[BreakerState]>,
     /// Draining backends get no new requests (admin API).
     pub draining: Box<[bool]>,
+    /// The LoRA adapters the backends serve, as last polled; shared between
+    /// snapshots until one changes.
+    pub adapters: Arc<AdapterTable>,
 }
 
 impl FleetSnapshot {
@@ -41,6 +46,7 @@ impl FleetSnapshot {
             engine: vec![None; backends].into_boxed_slice(),
             breaker: vec![BreakerState::Closed; backends].into_boxed_slice(),
             draining: vec![false; backends].into_boxed_slice(),
+            adapters: Arc::default(),
         }
     }
 

@@ -15,7 +15,11 @@
 //!   the engine computed these blocks. Their tokens are re-hashed with the gateway's
 //!   own chain (the same [`PromptHasher`] token blocks requests get in precise mode,
 //!   seeded by the backend's model, continuing from the parent's chain), and the whole
-//!   chain is inserted for that backend.
+//!   chain is inserted for that backend. A chain's first blocks stored for a LoRA
+//!   adapter (`lora_name`) are seeded as the adapter's requests are
+//!   ([`adapter_seed_from`]), so they never match the base model's blocks; an
+//!   adapter's blocks named only by `lora_id` (older vLLM) are not inserted at all
+//!   (counted as rejected), for the same reason.
 //! - `BlockRemoved` (`block_hashes`, ..): evicted; the block and its descendants are
 //!   removed for that backend.
 //! - `AllBlocksCleared`: the backend's entries are dropped.
@@ -37,7 +41,7 @@
 use crate::config::KvEventsSource;
 use crate::replica::{IndexEvent, IndexOp, Origin};
 use crossbeam_channel::{Receiver, TryRecvError};
-use radixgate_orchestrator::{model_seed, BackendIdx, PromptHasher};
+use radixgate_orchestrator::{adapter_seed_from, model_seed, BackendIdx, PromptHasher};
 use rmpv::Value;
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
@@ -549,6 +553,16 @@ impl BackendState {
                         None => return false,
                     }
                 };
+                // The chain's seed: the model's, or a LoRA adapter's (vLLM keeps each
+                // adapter's blocks apart from the base model's, and so does the index).
+                let root_seed = match (
+                    event.field("lora_name", 7).and_then(Value::as_str),
+                    event.field("lora_id", 5).filter(|v| !v.is_nil()),
+                ) {
+                    (Some(name), _) => adapter_seed_from(self.seed, name),
+                    (None, Some(_)) => return false,
+                    (None, None) => self.seed,
+                };
                 let Some(mut chain) = self.chain_of(parent) else {
                     // The parent was never seen (stored before we subscribed, or lost).
                     return false;
@@ -561,7 +575,7 @@ impl BackendState {
                     return false;
                 };
                 self.hasher
-                    .reset(chain.last().copied().unwrap_or(self.seed));
+                    .reset(chain.last().copied().unwrap_or(root_seed));
                 self.hasher.feed_token_ids(&ids);
                 let new = self.hasher.blocks();
                 if new.len() != hashes.len() {
@@ -724,6 +738,54 @@ mod tests {
         assert_eq!(inserted(&ops), vec![request_blocks(seed, &ids)]);
         assert_eq!(c.stored_blocks.load(Ordering::Relaxed), 3);
         assert_eq!(c.rejected.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_adapters_blocks_get_the_adapters_chain_and_unnamed_ones_are_refused() {
+        let c = KvEventCounters::default();
+        let seed = model_seed("m");
+        let mut s = BackendState::new(0, seed, NonZeroUsize::new(4).unwrap());
+        let ids: Vec<u32> = (0..8).collect();
+        let with_lora = |hashes: &[u64], parent, id: Value, name: Value| {
+            let Value::Array(mut fields) = stored(hashes, parent, &ids[..4]) else {
+                unreachable!()
+            };
+            fields.extend([id, Value::from("GPU"), name]);
+            Value::Array(fields)
+        };
+        let ops = s.on_message(
+            &message(
+                1,
+                vec![with_lora(&[20], None, Value::from(1), Value::from("a"))],
+            ),
+            &c,
+            0,
+        );
+        let adapter = radixgate_orchestrator::adapter_seed("m", "a");
+        assert_eq!(inserted(&ops), vec![request_blocks(adapter, &ids[..4])]);
+        assert_ne!(
+            request_blocks(adapter, &ids[..4]),
+            request_blocks(seed, &ids[..4])
+        );
+        // A child continues the adapter's chain.
+        let child = stored(&[21], Some(20), &ids[4..]);
+        let ops = s.on_message(&message(2, vec![child]), &c, 0);
+        assert_eq!(inserted(&ops), vec![request_blocks(adapter, &ids)]);
+        // An adapter's root block known only by its id: not inserted anywhere.
+        let ops = s.on_message(
+            &message(3, vec![with_lora(&[30], None, Value::from(2), Value::Nil)]),
+            &c,
+            0,
+        );
+        assert!(inserted(&ops).is_empty());
+        assert_eq!(c.rejected.load(Ordering::Relaxed), 1);
+        // No adapter at all: the base model's chain.
+        let ops = s.on_message(
+            &message(4, vec![with_lora(&[40], None, Value::Nil, Value::Nil)]),
+            &c,
+            0,
+        );
+        assert_eq!(inserted(&ops), vec![request_blocks(seed, &ids[..4])]);
     }
 
     #[test]

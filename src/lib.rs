@@ -10,6 +10,7 @@
 #![deny(clippy::await_holding_refcell_ref)]
 
 pub mod access_log;
+pub mod adapters;
 pub mod admin;
 pub mod backends;
 pub mod capacity;

@@ -155,6 +155,10 @@ struct EngineArgs {
     /// Tests: every Nth KV-event batch is buffered for replay but not sent.
     #[arg(long, default_value_t = 0)]
     kv_events_lose_every: u64,
+    /// Serve NAME as a LoRA adapter of --model (repeatable): listed in /v1/models
+    /// with `parent`, accepted as a request's model, cached apart from the model.
+    #[arg(long = "lora", value_name = "NAME")]
+    loras: Vec<String>,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -377,6 +381,7 @@ fn main() -> ExitCode {
                     buffer_steps: a.kv_events_buffer,
                     lose_every: a.kv_events_lose_every,
                 }),
+                loras: a.loras,
             };
             let mut cfg = cfg;
             if let Some(path) = &a.tokenizer {

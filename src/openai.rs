@@ -28,7 +28,10 @@ pub enum Endpoint {
 /// The facts routing and accounting need, copied out of the parsed body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFacts {
+    /// The model, or the base model of the LoRA adapter the request names.
     pub model: usize,
+    /// The LoRA adapter the request names ([`crate::adapters::AdapterTable`]).
+    pub adapter: Option<usize>,
     pub stream: bool,
     pub max_tokens: Option<u64>,
     /// `stream_options.include_usage`: the client wants a final usage event.
@@ -78,6 +81,31 @@ impl ModelTable {
     }
 }
 
+/// What a request's `model` names: a model (its index), or a LoRA adapter of one,
+/// and the seed of its prompt's hash chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelRef {
+    pub model: usize,
+    pub adapter: Option<usize>,
+    pub seed: u64,
+}
+
+/// Looks a request's `model` up.
+pub trait ModelNames {
+    fn resolve(&self, name: &str) -> Option<ModelRef>;
+}
+
+impl ModelNames for ModelTable {
+    fn resolve(&self, name: &str) -> Option<ModelRef> {
+        let model = self.get(name)?;
+        Some(ModelRef {
+            model,
+            adapter: None,
+            seed: self.seeds[model],
+        })
+    }
+}
+
 /// Per-shard parsing state: the scanner's tape, reused from request to request (one
 /// per shard, so parsing allocates nothing once warm). Each object is read in one
 /// pass over its members instead of one linear `get` per field (the scan has
@@ -108,7 +136,7 @@ impl BodyParser {
         &mut self,
         endpoint: Endpoint,
         body: &[u8],
-        models: &ModelTable,
+        models: &impl ModelNames,
         hasher: &mut PromptHasher,
         seed_mix: u64,
     ) -> Result<RequestFacts, GatewayError> {
@@ -124,7 +152,7 @@ impl BodyParser {
         &mut self,
         endpoint: Endpoint,
         body: &[u8],
-        models: &ModelTable,
+        models: &impl ModelNames,
         hasher: &mut PromptHasher,
         seed_mix: u64,
         stop_at: Option<&str>,
@@ -175,7 +203,7 @@ impl BodyParser {
                 .as_str()
                 .ok_or_else(|| GatewayError::invalid_param("model", "`model` must be a string"))?,
         };
-        let model = models.get(model_name).ok_or_else(|| GatewayError {
+        let named = models.resolve(model_name).ok_or_else(|| GatewayError {
             kind: ErrorKind::ModelNotFound,
             message: format!("The model `{model_name}` does not exist."),
             param: Some("model".into()),
@@ -212,7 +240,7 @@ impl BodyParser {
             })?),
         };
         let salt_seed = salt.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-        hasher.reset(models.seeds[model] ^ seed_mix ^ salt_seed);
+        hasher.reset(named.seed ^ seed_mix ^ salt_seed);
         let media = match endpoint {
             Endpoint::ChatCompletions => feed_messages(tools, messages, hasher)?,
             Endpoint::Completions => {
@@ -221,7 +249,8 @@ impl BodyParser {
             }
         };
         Ok(Some(RequestFacts {
-            model,
+            model: named.model,
+            adapter: named.adapter,
             stream,
             max_tokens,
             include_usage,

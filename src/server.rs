@@ -400,7 +400,9 @@ async fn write_local(
     Ok(r.is_ok())
 }
 
-/// `GET /v1/models`: the union of the backends' models, in OpenAI's list shape.
+/// `GET /v1/models`: the union of the backends' models, in OpenAI's list shape, then
+/// the LoRA adapters some backend serves, each with its base model as `parent` (and
+/// the engine's `root`), as vLLM lists them.
 fn models_json(shard: &Shard) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
@@ -412,13 +414,30 @@ fn models_json(shard: &Shard) -> Vec<u8> {
         .iter()
         .enumerate()
         .filter(|(m, _)| !table.serving(*m).is_empty());
-    for (i, (_, name)) in served.enumerate() {
-        if i > 0 {
+    let mut first = true;
+    for (_, name) in served {
+        if !std::mem::take(&mut first) {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"id\":");
         crate::error::write_json_string(&mut out, name);
-        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\"}");
+        out.extend_from_slice(
+            b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\",\"parent\":null}",
+        );
+    }
+    for (name, parent, root) in fleet.adapters.served() {
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        crate::error::write_json_string(&mut out, name);
+        out.extend_from_slice(
+            b",\"object\":\"model\",\"created\":0,\"owned_by\":\"radixgate\",\"root\":",
+        );
+        crate::error::write_json_string(&mut out, root.unwrap_or(name));
+        out.extend_from_slice(b",\"parent\":");
+        crate::error::write_json_string(&mut out, table.models().name(parent));
+        out.push(b'}');
     }
     out.extend_from_slice(b"]}");
     out

@@ -37,11 +37,11 @@ pub use policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, PrefixAwareConfig,
     Reason, RouteInput, RoutingPolicy, UnknownPolicy,
 };
-pub use prompt::{model_seed, PromptHasher};
+pub use prompt::{adapter_seed, adapter_seed_from, model_seed, PromptHasher};
 pub use rag::{ChunkIndex, ChunkPick};
 pub use replica::{IndexOp, Replica, SessionTable};
 pub use retry::RetryBudget;
 pub use router::{
-    BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role, RouteError,
-    Router, RouterConfig, RoutingFacts,
+    AdapterIdx, BackendState, Decision, FleetState, FleetView, ModelIdx, PairOutcome, Pool, Role,
+    RouteError, Router, RouterConfig, RoutingFacts,
 };

@@ -87,6 +87,18 @@ pub fn model_seed(model: &str) -> u64 {
     xxh3_64(model.as_bytes())
 }
 
+/// Seed of the hash chain of a LoRA adapter's prompts: derived from its base model
+/// and its own name, so an adapter's blocks never match the base model's blocks or
+/// another adapter's (vLLM keeps each adapter's KV cache apart the same way).
+pub fn adapter_seed(base: &str, adapter: &str) -> u64 {
+    adapter_seed_from(model_seed(base), adapter)
+}
+
+/// [`adapter_seed`] from the base model's [`model_seed`].
+pub fn adapter_seed_from(base_seed: u64, adapter: &str) -> u64 {
+    xxh3_64_with_seed(adapter.as_bytes(), base_seed ^ 0x6c6f_7261) // "lora"
+}
+
 /// Streaming hasher for one prompt at a time; reuse it across requests with
 /// [`reset`](Self::reset) so the request path does not allocate.
 #[derive(Clone, Debug)]

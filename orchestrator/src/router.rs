@@ -4,7 +4,8 @@
 //!
 //! A decision has four steps, all here:
 //!
-//! 1. **candidates**: the backends serving the request's model that are healthy,
+//! 1. **candidates**: the backends serving the request's model (and, for a LoRA
+//!    adapter's request, serving that adapter) that are healthy,
 //!    undrained, whose breaker lets a request through (a half-open one only while this
 //!    router has a probe slot free), that accept the request's media, play the pool's
 //!    [`Role`], and were not excluded by earlier failed attempts ([`FleetView`] says
@@ -43,6 +44,9 @@ use std::sync::Arc;
 
 /// Index into the gateway's model table.
 pub type ModelIdx = usize;
+
+/// Index into the gateway's table of LoRA adapters learned from the engines.
+pub type AdapterIdx = usize;
 
 /// A backend's part in a split pool (`backends[].role`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +138,12 @@ pub trait FleetView {
     fn breaker(&self, backend: BackendIdx) -> BreakerState {
         self.backend(backend).breaker
     }
+    /// Whether the backend has the LoRA adapter loaded (a view that knows of no
+    /// adapters: none).
+    fn serves_adapter(&self, backend: BackendIdx, adapter: AdapterIdx) -> bool {
+        let _ = (backend, adapter);
+        false
+    }
 }
 
 /// A fleet written out as values: every backend serves the one model (index 0).
@@ -143,6 +153,8 @@ pub trait FleetView {
 pub struct FleetState {
     pub serving: Vec<BackendIdx>,
     pub states: Vec<BackendState>,
+    /// `(backend, adapter)`: the LoRA adapters each backend has loaded.
+    pub adapters: Vec<(BackendIdx, AdapterIdx)>,
 }
 
 impl FleetState {
@@ -157,6 +169,7 @@ impl FleetState {
                 };
                 backends
             ],
+            adapters: Vec::new(),
         }
     }
 }
@@ -173,13 +186,21 @@ impl FleetView for FleetState {
     fn backend(&self, backend: BackendIdx) -> BackendState {
         self.states[backend]
     }
+
+    fn serves_adapter(&self, backend: BackendIdx, adapter: AdapterIdx) -> bool {
+        self.adapters.contains(&(backend, adapter))
+    }
 }
 
 /// The request as routing sees it: everything a decision depends on besides the fleet
 /// and the replica.
 #[derive(Clone, Copy, Debug)]
 pub struct RoutingFacts<'a> {
+    /// The model, or a LoRA adapter's base model.
     pub model: ModelIdx,
+    /// The LoRA adapter the request names: only backends serving it are candidates
+    /// (its prompt's blocks are already hashed in the adapter's own namespace).
+    pub adapter: Option<AdapterIdx>,
     pub policy: PolicyName,
     /// The prompt's chained block hashes.
     pub blocks: &'a [u64],
@@ -224,6 +245,8 @@ impl Default for RouterConfig {
 pub enum RouteError {
     /// The model has no backend left (its last was removed since it was first seen).
     ModelGone,
+    /// No backend of the base model serves the request's LoRA adapter (any more).
+    AdapterGone,
     /// The request carries media that no backend of its model accepts.
     UnsupportedMedia(Capabilities),
     /// Every backend of the model is unhealthy, open, draining or excluded.
@@ -636,7 +659,14 @@ impl Filter<'_> {
         }
         let needs = facts.media.kinds;
         let mut any_capable = needs.is_empty();
+        let mut any_adapter = facts.adapter.is_none();
         for &b in serving {
+            if let Some(adapter) = facts.adapter {
+                if !fleet.serves_adapter(b, adapter) {
+                    continue;
+                }
+                any_adapter = true;
+            }
             let state = fleet.backend(b);
             let capable = state.capabilities.covers(needs);
             any_capable |= capable;
@@ -666,6 +696,9 @@ impl Filter<'_> {
                     cache_free_blocks: free_blocks(&replica.index, b),
                 });
             }
+        }
+        if !any_adapter {
+            return Err(RouteError::AdapterGone);
         }
         if !any_capable {
             return Err(RouteError::UnsupportedMedia(needs));

@@ -98,7 +98,14 @@ impl Engine {
         let block_bytes = NonZeroUsize::new(config.block_tokens.max(1) * BYTES_PER_TOKEN)
             .unwrap_or(NonZeroUsize::MIN);
         Rc::new(Engine {
-            models: ModelTable::new(vec![config.model.clone()]),
+            // Each adapter is a name of its own, so its prompts hash in their own
+            // namespace (as vLLM's cache keys include the adapter).
+            models: ModelTable::new(
+                std::iter::once(&config.model)
+                    .chain(&config.loras)
+                    .cloned()
+                    .collect(),
+            ),
             cache: RefCell::new(EngineCache::new(config.cache_blocks)),
             parser: RefCell::new(BodyParser::default()),
             hasher: RefCell::new(PromptHasher::new(block_bytes)),
@@ -221,18 +228,8 @@ impl Engine {
                     .await
                 }
                 ("/v1/models", Method::Get) => {
-                    let body = format!(
-                        "{{\"object\":\"list\",\"data\":[{{\"id\":\"{}\",\"object\":\"model\",\"created\":0,\"owned_by\":\"vllm\",\"max_model_len\":4096}}]}}",
-                        self.config.model
-                    );
-                    reply(
-                        &mut conn.stream,
-                        200,
-                        "application/json",
-                        body.into_bytes(),
-                        keep_alive,
-                    )
-                    .await
+                    let body = self.models_json();
+                    reply(&mut conn.stream, 200, "application/json", body, keep_alive).await
                 }
                 ("/metrics", Method::Get) => {
                     reply(
@@ -254,6 +251,23 @@ impl Engine {
                 return;
             }
         }
+    }
+
+    /// `GET /v1/models` as vLLM answers it: the model (`parent: null`), then each
+    /// adapter with the model as its `parent` and a made-up path as its `root`.
+    fn models_json(&self) -> Vec<u8> {
+        let model = &self.config.model;
+        let entry = |id: &str, root: &str, parent: Option<&str>| {
+            serde_json::json!({
+                "id": id, "object": "model", "created": 0, "owned_by": "vllm",
+                "root": root, "parent": parent, "max_model_len": 4096,
+            })
+        };
+        let mut data = vec![entry(model, model, None)];
+        for lora in &self.config.loras {
+            data.push(entry(lora, &format!("/loras/{lora}"), Some(model)));
+        }
+        serde_json::to_vec(&serde_json::json!({"object": "list", "data": data})).unwrap_or_default()
     }
 
     /// vLLM's render endpoints: the prompt as token ids. The simulated tokenizer is

@@ -95,6 +95,10 @@ pub struct EngineConfig {
     pub tokenizer: Option<SimTokenizer>,
     /// Publish KV-cache events in vLLM's format.
     pub kv_events: Option<SimKvEvents>,
+    /// LoRA adapters of `model` it serves (`--lora`): listed in its `/v1/models` with
+    /// `parent`, accepted as a request's `model`, each cached in its own namespace
+    /// (its prompts never hit the base model's blocks or another adapter's).
+    pub loras: Vec<String>,
 }
 
 /// The served model's tokenizer and chat template (`--tokenizer`, `--chat-template`),
@@ -162,6 +166,7 @@ impl EngineConfig {
             bootstrap_port: None,
             tokenizer: None,
             kv_events: None,
+            loras: Vec::new(),
         }
     }
 

@@ -107,6 +107,7 @@ impl DomBodyParser {
             }
         };
         Ok(RequestFacts {
+            adapter: None,
             model,
             stream,
             max_tokens,

@@ -305,9 +305,12 @@ fn parse_prompt_unless_member(
     let mut parser = shard.parser.borrow_mut();
     let mut hasher = shard.hasher.borrow_mut();
     let fleet = shard.fleet.borrow();
-    let models = fleet.live.backends.models();
+    let models = crate::adapters::WithAdapters {
+        models: fleet.live.backends.models(),
+        adapters: &fleet.adapters,
+    };
     let parsed =
-        parser.parse_unless_member(endpoint, body, models, &mut hasher, seed_mix, stop_at)?;
+        parser.parse_unless_member(endpoint, body, &models, &mut hasher, seed_mix, stop_at)?;
     let Some(mut facts) = parsed else {
         return Ok(None);
     };

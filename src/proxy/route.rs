@@ -13,8 +13,8 @@ use crate::pending_prefill::PendingPrefill;
 use crate::replica::{IndexEvent, IndexOp, Origin};
 use crate::shard::Shard;
 use radixgate_orchestrator::{
-    BackendIdx, BackendState, BreakerState, Decision, FleetView, ModelIdx, PolicyName, RouteError,
-    RoutingFacts,
+    AdapterIdx, BackendIdx, BackendState, BreakerState, Decision, FleetView, ModelIdx, PolicyName,
+    RouteError, RoutingFacts,
 };
 use std::time::Instant;
 
@@ -52,6 +52,10 @@ impl FleetView for ShardFleet<'_> {
 
     fn breaker(&self, b: BackendIdx) -> BreakerState {
         self.snapshot.breaker[b]
+    }
+
+    fn serves_adapter(&self, b: BackendIdx, adapter: AdapterIdx) -> bool {
+        self.snapshot.adapters.serves(b, adapter)
     }
 
     fn backend(&self, b: BackendIdx) -> BackendState {
@@ -106,6 +110,7 @@ pub(super) fn routing_facts<'a>(
 ) -> RoutingFacts<'a> {
     RoutingFacts {
         model: facts.model,
+        adapter: facts.adapter,
         policy,
         blocks,
         affinity_key: facts.affinity_key,
@@ -136,7 +141,7 @@ pub(super) fn route_at(
             .borrow_mut()
             .decide(&shard.replica.borrow(), fleet, facts, now_ms)
     });
-    let mut decision = decided.map_err(|e| route_error(shard, facts.model, e))?;
+    let mut decision = decided.map_err(|e| route_error(shard, facts, e))?;
     apply(shard, &mut decision);
     Ok(decision)
 }
@@ -171,10 +176,23 @@ pub(super) fn publish(shard: &Shard, op: IndexOp) {
 }
 
 /// The client-facing error for a request the router could not place.
-pub(super) fn route_error(shard: &Shard, model: ModelIdx, error: RouteError) -> GatewayError {
+pub(super) fn route_error(
+    shard: &Shard,
+    facts: &RoutingFacts<'_>,
+    error: RouteError,
+) -> GatewayError {
     let fleet = shard.fleet.borrow();
-    let name = fleet.live.backends.models().name(model);
+    let name = fleet.live.backends.models().name(facts.model);
     match error {
+        // No backend of its base model lists the adapter (any more).
+        RouteError::AdapterGone => {
+            let adapter = facts.adapter.map_or("", |a| fleet.adapters.name(a));
+            GatewayError {
+                kind: ErrorKind::ModelNotFound,
+                message: format!("The model `{adapter}` does not exist."),
+                param: Some("model".into()),
+            }
+        }
         // Its last backend was removed since the model was first seen.
         RouteError::ModelGone => GatewayError {
             kind: ErrorKind::ModelNotFound,

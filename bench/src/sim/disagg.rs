@@ -189,6 +189,7 @@ pub fn run(mode: Mode, seed: u64, requests: usize, rate_per_s: f64) -> Outcome {
                         }
                         let facts = RoutingFacts {
                             model: 0,
+                            adapter: None,
                             policy: PolicyName::PrefixAware,
                             blocks: &prompt[..(reqs[i].prompt / TOKENS_PER_BLOCK) as usize],
                             affinity_key: None,

@@ -167,6 +167,7 @@ pub fn slo(seed: u64, backends: usize, load: f64, budget_ms: f64) -> SloRow {
             }
             let facts = RoutingFacts {
                 model: 0,
+                adapter: None,
                 policy: PolicyName::PrefixAware,
                 blocks: &prompt[..tokens as usize],
                 affinity_key: None,

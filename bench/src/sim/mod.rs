@@ -171,6 +171,7 @@ pub fn routing_facts(
 ) -> RoutingFacts<'_> {
     RoutingFacts {
         model: 0,
+        adapter: None,
         policy,
         blocks: &prompt.blocks,
         affinity_key: prompt.affinity_key,

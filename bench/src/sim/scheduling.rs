@@ -175,6 +175,7 @@ impl Fleet {
         };
         let facts = RoutingFacts {
             model: 0,
+            adapter: None,
             policy: self.policy,
             blocks,
             affinity_key: blocks.first().copied(),

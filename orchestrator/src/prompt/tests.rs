@@ -359,3 +359,15 @@ fn recording_keeps_the_canonical_stream_and_given_ids() {
         [&b"only raw"[..]]
     );
 }
+
+#[test]
+fn an_adapters_chain_is_its_own() {
+    let base = model_seed("m");
+    let a = adapter_seed("m", "a");
+    let b = adapter_seed("m", "b");
+    assert!(a != base && b != base && a != b);
+    // Same adapter name on another base model: another namespace.
+    assert_ne!(a, adapter_seed("n", "a"));
+    // An adapter is not the model of its own name.
+    assert_ne!(a, model_seed("a"));
+}

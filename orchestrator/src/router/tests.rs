@@ -32,6 +32,7 @@ const TEXT: MediaNeeds = MediaNeeds::TEXT_ONLY;
 fn facts<'a>(policy: PolicyName, blocks: &'a [u64]) -> RoutingFacts<'a> {
     RoutingFacts {
         model: 0,
+        adapter: None,
         policy,
         blocks,
         affinity_key: blocks.first().copied(),
@@ -444,4 +445,104 @@ fn reconfigure_rebuilds_the_cost_model() {
     r.reconfigure(config);
     let after = r.estimate(&rep, &fleet, &f).unwrap().best_ns;
     assert!((after - 2.0 * before).abs() < 1.0, "{before} -> {after}");
+}
+
+#[test]
+fn an_adapter_request_goes_only_to_backends_serving_the_adapter() {
+    let mut r = router();
+    let mut rep = replica(3, 100);
+    let mut fleet = TestFleet::healthy(3);
+    fleet.adapters = vec![(1, 0), (2, 1)];
+    let blocks = prompt(1, 4);
+    let a = RoutingFacts {
+        adapter: Some(0),
+        ..facts(PolicyName::LeastLoaded, &blocks)
+    };
+    for _ in 0..5 {
+        let d = route(&mut r, &mut rep, &fleet, &a, 1);
+        assert_eq!(d.pick.backend, 1);
+        assert_eq!(d.alternatives, 0);
+    }
+    // Base-model requests still go anywhere, the adapter's holders included.
+    fleet.states[0].in_flight = 5;
+    fleet.states[2].in_flight = 5;
+    let base = facts(PolicyName::LeastLoaded, &blocks);
+    assert_eq!(r.decide(&rep, &fleet, &base, 1).unwrap().pick.backend, 1);
+    // The adapter's holder unhealthy: no candidate, not an unknown model.
+    fleet.states[1].healthy = false;
+    assert_eq!(r.decide(&rep, &fleet, &a, 1), Err(RouteError::NoCandidate));
+    // An adapter nobody serves is gone.
+    let unknown = RoutingFacts {
+        adapter: Some(7),
+        ..a
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &unknown, 1),
+        Err(RouteError::AdapterGone)
+    );
+    // Its holder excluded by a failed attempt: no candidate left, as for a model.
+    fleet.states[1].healthy = true;
+    let excluded = RoutingFacts {
+        excluded: &[1],
+        ..a
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &excluded, 1),
+        Err(RouteError::NoCandidate)
+    );
+    // The admission estimate sees the same candidates.
+    assert!(r.estimate(&rep, &fleet, &a).is_some());
+    assert!(r.estimate(&rep, &fleet, &unknown).is_none());
+}
+
+#[test]
+fn an_adapter_nobody_serves_is_gone_before_media_is_judged() {
+    let mut r = router();
+    let rep = replica(2, 100);
+    let mut fleet = TestFleet::healthy(2);
+    fleet.adapters = vec![(0, 0)];
+    let mut media = MediaNeeds::TEXT_ONLY;
+    media.note(Capabilities::IMAGE, 0);
+    let blocks = prompt(1, 2);
+    let f = RoutingFacts {
+        adapter: Some(3),
+        media: &media,
+        ..facts(PolicyName::RoundRobin, &blocks)
+    };
+    assert_eq!(r.decide(&rep, &fleet, &f, 1), Err(RouteError::AdapterGone));
+    let held = RoutingFacts {
+        adapter: Some(0),
+        ..f
+    };
+    assert_eq!(
+        r.decide(&rep, &fleet, &held, 1),
+        Err(RouteError::UnsupportedMedia(Capabilities::IMAGE))
+    );
+}
+
+#[test]
+fn a_split_adapter_request_pairs_only_backends_serving_it() {
+    let mut r = router();
+    let rep = replica(4, 100);
+    let mut fleet = TestFleet::healthy(4);
+    fleet.states[0].role = Role::Prefill;
+    fleet.states[1].role = Role::Prefill;
+    fleet.states[2].role = Role::Decode;
+    fleet.states[3].role = Role::Decode;
+    fleet.adapters = vec![(1, 0), (3, 0)];
+    let blocks = prompt(1, 64);
+    let f = RoutingFacts {
+        adapter: Some(0),
+        ..facts(PolicyName::PrefixAware, &blocks)
+    };
+    let split = DisaggPolicy {
+        always: true,
+        ..DisaggPolicy::default()
+    };
+    match r.decide_pair(&rep, &fleet, &f, &split, 1).unwrap() {
+        PairOutcome::Split { prefill, decode } => {
+            assert_eq!((prefill.pick.backend, decode.pick.backend), (1, 3));
+        }
+        PairOutcome::Local(why) => panic!("served whole: {why:?}"),
+    }
 }

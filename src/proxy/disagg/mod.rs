@@ -89,14 +89,7 @@ pub(super) async fn forward(
     let mut last: Option<(GatewayError, Decision, Leg)> = None;
     loop {
         let route_span = crate::trace::start_child(&TraceContext::of(req.head));
-        let (prefill, decode) = match pair::choose(
-            shard,
-            &blocks,
-            req.facts.model,
-            &req.facts.media,
-            split,
-            &excluded,
-        ) {
+        let (prefill, decode) = match pair::choose(shard, &blocks, &req.facts, split, &excluded) {
             Ok(PairOutcome::Split { prefill, decode }) => (prefill, decode),
             Ok(PairOutcome::Local(why)) => {
                 let chosen = matches!(why, LocalWhy::SmallUncached | LocalWhy::PrefillBottleneck);

@@ -6,25 +6,26 @@
 use super::super::route::{apply, route_error, with_fleet};
 use crate::config::DisaggConfig;
 use crate::error::GatewayError;
+use crate::openai::RequestFacts;
 use crate::shard::Shard;
-use radixgate_orchestrator::{MediaNeeds, PairOutcome, PolicyName, RoutingFacts};
+use radixgate_orchestrator::{PairOutcome, PolicyName, RoutingFacts};
 
 /// Chooses the pair (or local serving) among the backends not excluded by earlier
 /// failed attempts, and records the prompt's blocks for both ends of a pair.
 pub(super) fn choose(
     shard: &Shard,
     blocks: &[u64],
-    model: usize,
-    media: &MediaNeeds,
+    request: &RequestFacts,
     split: &DisaggConfig,
     excluded: &[usize],
 ) -> Result<PairOutcome, GatewayError> {
     let facts = RoutingFacts {
-        model,
+        model: request.model,
+        adapter: request.adapter,
         policy: PolicyName::PrefixAware,
         blocks,
         affinity_key: None,
-        media,
+        media: &request.media,
         session: None,
         chunks: &[],
         excluded,
@@ -40,7 +41,7 @@ pub(super) fn choose(
             now_ms,
         )
     })
-    .map_err(|e| route_error(shard, model, e))?;
+    .map_err(|e| route_error(shard, &facts, e))?;
     if let PairOutcome::Split { prefill, decode } = &mut outcome {
         apply(shard, prefill);
         apply(shard, decode);
