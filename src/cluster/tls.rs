@@ -44,10 +44,12 @@ fn install_provider() {
 pub fn hint(config: &ClusterConfig, error: &str) -> Option<&'static str> {
     config.tls.as_ref()?;
     let e = error.to_ascii_lowercase();
-    if e.contains("certificate") || e.contains("unknownissuer") {
+    if e.contains("certificaterequired") || e.contains("alert") {
+        Some("the bus ended the TLS handshake: does it require a client certificate (cluster.cert_file, cluster.key_file), or refuse this one?")
+    } else if e.contains("certificate") || e.contains("unknownissuer") {
         Some("the bus's certificate is not trusted: check cluster.ca_file (the CA that signed it) and that the URL's host is in the certificate")
-    } else if e.contains("handshake") || e.contains("alert") || e.contains("tls") {
-        Some("the TLS handshake with the bus failed: is it a TLS port, and does it ask for a client certificate (cluster.cert_file, cluster.key_file)?")
+    } else if e.contains("handshake") || e.contains("tls") {
+        Some("the TLS handshake with the bus failed: is it a TLS port?")
     } else {
         None
     }
