@@ -1017,7 +1017,9 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
             cfg.spread.describe()
         );
         out.push_str("| round | replicas | shared | requests | errors | hit rate | vs 1 replica | engines' /metrics | TTFT p50 ms | TTFT p99 ms | event lag p99 ms (worst / median) | engines per document (mean / max) | cold prefills (in the first tenth) | requests per replica (min–max) | reasons |\n");
-        out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        out.push_str(
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
         for c in cells.iter().filter(|c| c.workload == name) {
             let one = cells
                 .iter()

@@ -42,9 +42,7 @@ impl Spread {
     pub fn describe(self) -> &'static str {
         match self {
             Spread::Random => "random replica per request, keep-alive connections",
-            Spread::Haproxy => {
-                "HAProxy (TCP mode, roundrobin), a new connection per request"
-            }
+            Spread::Haproxy => "HAProxy (TCP mode, roundrobin), a new connection per request",
         }
     }
 }
@@ -77,6 +75,7 @@ pub fn start(
     procs: &mut Procs,
 ) -> Result<SocketAddr, String> {
     let listen = crate::cluster::free_addr()?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("haproxy.cfg");
     std::fs::write(&path, config(listen, replicas))
         .map_err(|e| format!("{}: {e}", path.display()))?;

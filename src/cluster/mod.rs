@@ -211,8 +211,12 @@ pub fn check_join(config: &ClusterConfig, fingerprint: u64) -> Result<(), String
         Err(e) => {
             let error = e.to_string();
             match tls::hint(config, &error) {
-                Some(hint) => tracing::error!(url = %config.url, error, hint, "cluster bus refused at start; routing on local state, and retrying"),
-                None => tracing::warn!(url = %config.url, error, "cluster bus unreachable at start; routing on local state until it answers"),
+                Some(hint) => {
+                    tracing::error!(url = %config.url, error, hint, "cluster bus refused at start; routing on local state, and retrying")
+                }
+                None => {
+                    tracing::warn!(url = %config.url, error, "cluster bus unreachable at start; routing on local state until it answers")
+                }
             }
             return Ok(());
         }

@@ -288,8 +288,12 @@ impl Subscriber {
             self.down = true;
             self.status.outages.fetch_add(1, Ordering::Relaxed);
             match hint {
-                Some(hint) => tracing::error!(url = %self.config.url, error, hint, "cluster bus refused the connection; routing on local state, and retrying"),
-                None => tracing::warn!(url = %self.config.url, error, "cluster bus lost; routing on local state until it is back"),
+                Some(hint) => {
+                    tracing::error!(url = %self.config.url, error, hint, "cluster bus refused the connection; routing on local state, and retrying")
+                }
+                None => {
+                    tracing::warn!(url = %self.config.url, error, "cluster bus lost; routing on local state until it is back")
+                }
             }
         }
     }

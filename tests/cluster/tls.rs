@@ -76,7 +76,10 @@ fn two_replicas_share_a_routed_prefix_over_tls() {
     for q in 1..3 {
         let (status, backend, reason) = ask(b.local_addr(), &doc_prompt(0, q));
         assert_eq!(status, 200);
-        assert_eq!((backend.as_str(), reason.as_str()), (home.as_str(), "longest-prefix"));
+        assert_eq!(
+            (backend.as_str(), reason.as_str()),
+            (home.as_str(), "longest-prefix")
+        );
     }
     let home = route_and_share(b.local_addr(), a.local_addr(), &doc_prompt(1, 0));
     let (_, backend, reason) = ask(a.local_addr(), &doc_prompt(1, 1));
@@ -98,7 +101,10 @@ fn a_replica_that_does_not_trust_the_bus_stays_out_and_says_why() {
     let engines = engines(1);
     let ch = channel("tls-ca");
     let trusting = replica(&engines, &tls_toml(&bus, &ch, "", &ca_key(&bus)));
-    let wrong = replica(&engines, &tls_toml(&bus, &ch, &admin_table(), &ca_key(&other)));
+    let wrong = replica(
+        &engines,
+        &tls_toml(&bus, &ch, &admin_table(), &ca_key(&other)),
+    );
     // It starts, as with a bus that does not answer, and serves from local state.
     assert_eq!(ask(wrong.local_addr(), &doc_prompt(0, 0)).0, 200);
     let error = refused_with(&wrong, "certificate");
@@ -132,7 +138,10 @@ fn a_bus_that_requires_client_certificates_admits_only_replicas_with_one() {
     let (_, backend, reason) = ask(b.local_addr(), &doc_prompt(0, 1));
     assert_eq!((backend, reason.as_str()), (home, "longest-prefix"));
     // Without a client certificate the bus ends the handshake.
-    let without = replica(&engines, &tls_toml(&bus, &ch, &admin_table(), &ca_key(&bus)));
+    let without = replica(
+        &engines,
+        &tls_toml(&bus, &ch, &admin_table(), &ca_key(&bus)),
+    );
     let error = refused_with(&without, "certificaterequired");
     assert!(error.contains("cluster.cert_file"), "no hint in: {error}");
     assert_eq!(ready(without.local_addr()), 503);
@@ -202,5 +211,7 @@ fn bad_tls_settings_are_config_errors_naming_the_key() {
     let config = radixgate::config::Config::from_toml(&toml).expect("valid");
     let cluster = config.cluster.expect("a cluster");
     assert_eq!(cluster.url, "rediss://127.0.0.1:6390");
-    assert!(cluster.tls.is_some_and(|t| t.ca.is_none() && t.client.is_none()));
+    assert!(cluster
+        .tls
+        .is_some_and(|t| t.ca.is_none() && t.client.is_none()));
 }

@@ -16,7 +16,10 @@ pub struct BusTls {
 impl std::fmt::Debug for BusTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BusTls")
-            .field("ca", &self.ca.as_ref().map_or("system roots", |_| "ca_file"))
+            .field(
+                "ca",
+                &self.ca.as_ref().map_or("system roots", |_| "ca_file"),
+            )
             .field("client_cert", &self.client.as_ref().map(|_| "<redacted>"))
             .finish()
     }
@@ -108,12 +111,24 @@ pub(super) fn read(
         redis::Client::build_with_tls(url, certificates).map_err(|e| e.to_string())
     };
     if tls.ca.is_some() {
-        if let Err(e) = parse(BusTls { client: None, ..tls.clone() }.certificates()) {
+        if let Err(e) = parse(
+            BusTls {
+                client: None,
+                ..tls.clone()
+            }
+            .certificates(),
+        ) {
             errors.push(format!("cluster.ca_file: `{ca_file}`: {e}"));
         }
     }
     if tls.client.is_some() {
-        if let Err(e) = parse(BusTls { ca: None, ..tls.clone() }.certificates()) {
+        if let Err(e) = parse(
+            BusTls {
+                ca: None,
+                ..tls.clone()
+            }
+            .certificates(),
+        ) {
             match e.contains("private key") {
                 true => errors.push(format!("cluster.key_file: `{key_file}`: {e}")),
                 false => errors.push(format!("cluster.cert_file: `{cert_file}`: {e}")),
