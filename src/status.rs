@@ -74,6 +74,9 @@ pub struct ClusterStatus {
     pub connected: AtomicBool,
     /// Times the bus was lost (counted once per outage, by the subscriber).
     pub outages: AtomicU64,
+    /// While disconnected, why the bus was lost or refused the connection (a TLS
+    /// certificate it does not trust, say); empty while connected.
+    pub last_error: Mutex<String>,
     pub batches_published: AtomicU64,
     pub ops_published: AtomicU64,
     /// Ops that could not be published (bus down, or the publish failed).
@@ -129,6 +132,7 @@ impl ClusterStatus {
             channel: config.channel.clone(),
             connected: AtomicBool::new(false),
             outages: AtomicU64::new(0),
+            last_error: Mutex::new(String::new()),
             batches_published: AtomicU64::new(0),
             ops_published: AtomicU64::new(0),
             ops_unsent: AtomicU64::new(0),
@@ -199,6 +203,7 @@ impl ClusterStatus {
                 "snapshots_served": get(&self.snapshots_served),
             },
             "outages": get(&self.outages),
+            "last_error": self.last_error.lock().map(|e| e.clone()).unwrap_or_default(),
             "peers": peers,
             "published": {
                 "batches": get(&self.batches_published),

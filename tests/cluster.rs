@@ -1,9 +1,12 @@
 //! Cluster mode with a real bus (`deploy/cluster/bus`, Redis) and gateways on real
 //! sockets: what one replica routes, the others find; load is seen fleet-wide;
 //! a replica that routes differently refuses to join; the bus going away costs no
-//! request; bad bus messages are counted and dropped.
+//! request; bad bus messages are counted and dropped. TLS to the bus is in
+//! `cluster/tls.rs`.
 
 mod common;
+#[path = "cluster/tls.rs"]
+mod tls;
 
 use common::bus::Bus;
 use common::{chat_body, eventually, metric, start_engine, start_gateway, Client};

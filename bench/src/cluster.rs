@@ -5,15 +5,17 @@
 //! either sharing one Redis bus (`[cluster]`, started once with `deploy/cluster/bus`
 //! on a free port, a channel of their own per cell) or sharing nothing. It waits
 //! until every replica is ready, sees every engine healthy and (shared) hears from
-//! its N-1 peers, then [replays](crate::replay) the workload's trace with each request
-//! sent to a random replica (an L4 spread per request).
+//! its N-1 peers, then [replays](crate::replay) the workload's trace behind an L4
+//! spread ([`Spread`]): each request sent to a random replica, or every request on
+//! a new connection through HAProxy in TCP mode ([`crate::haproxy`]).
 //!
 //! Per cell: requests, errors, the engines' hit rate (cached / prompt tokens from the
 //! responses' `usage`, and from the engines' own `/metrics`), its ratio to one
 //! replica's, TTFT p50/p99, the replicas' `radixgate_cluster_event_lag_seconds`
 //! p99 (scraped every 200 ms during the replay: the worst and the median interval),
 //! and, for the docs workload, how many engines each document ended up on and how
-//! many requests were prefilled cold (less than half their prompt cached).
+//! many requests were prefilled cold (less than half their prompt cached), and how
+//! the requests fell on the replicas (each one's `radixgate_requests_total`).
 //!
 //! Every process is started by this module and stopped by PID when its guard drops
 //! ([`Procs`]), also on error and on panic.
@@ -32,6 +34,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use crate::haproxy::Spread;
 use crate::http::Target;
 use crate::replay::{self, ReplayConfig, ReplayResult};
 use crate::report::Stats;
@@ -66,6 +69,10 @@ pub struct ClusterConfig {
     pub keep: bool,
     /// Also measure a replica started after the traffic: see [`run_late`].
     pub late: bool,
+    /// How requests reach the replicas.
+    pub spread: Spread,
+    /// `deploy/cluster/haproxy` (for [`Spread::Haproxy`]).
+    pub haproxy_script: PathBuf,
 }
 
 #[derive(Clone, Debug)]
@@ -136,6 +143,8 @@ pub struct Cell {
     pub seen_load: Option<[f64; 4]>,
     /// Sums over the replicas of their cluster counters at the end.
     pub counters: ClusterCounters,
+    /// Requests each replica answered (its `radixgate_requests_total`), in order.
+    pub per_replica: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -261,18 +270,27 @@ fn run_cell(
     if shared {
         wait_peers(&replicas, spec.replicas - 1)?;
     }
-    let targets = replicas
-        .iter()
-        .map(|(a, _)| Target::parse(&format!("http://{a}/v1/chat/completions")))
-        .collect::<Result<Vec<_>, _>>()?;
     let addrs: Vec<SocketAddr> = replicas.iter().map(|(a, _)| *a).collect();
+    let (fronts, headers) = match cfg.spread {
+        Spread::Random => (addrs.clone(), Vec::new()),
+        Spread::Haproxy => {
+            let dir = state.join(format!("cell{}", spec.no));
+            let front = crate::haproxy::start(&cfg.haproxy_script, &dir, &addrs, &mut procs)?;
+            // HAProxy spreads connections: one per request (module docs).
+            (vec![front], vec![("Connection".into(), "close".into())])
+        }
+    };
+    let targets = fronts
+        .iter()
+        .map(|a| Target::parse(&format!("http://{a}/v1/chat/completions")))
+        .collect::<Result<Vec<_>, _>>()?;
     let lags = LagScraper::start(addrs.clone(), shared);
     let replay_cfg = ReplayConfig {
         targets,
         spread_seed: cfg.seed.wrapping_mul(1000) + spec.no as u64,
         concurrency: cfg.concurrency,
         speedup: 0.0,
-        headers: Vec::new(),
+        headers,
         timeout: Duration::from_secs(60),
     };
     let result = replay::run(&replay_cfg, lines).map_err(|e| e.to_string());
@@ -290,6 +308,13 @@ fn run_cell(
             counters.dropped += sum(&m, "radixgate_cluster_messages_dropped_total").unwrap_or(0.0);
         }
     }
+    let per_replica = addrs
+        .iter()
+        .map(|&a| {
+            let m = http_get(a, "/metrics").unwrap_or_default();
+            sum(&m, "radixgate_requests_total").unwrap_or(0.0)
+        })
+        .collect();
     let engine_metrics_hit_rate = engine_hit_rate(&engines);
     let (copies, cold) = doc_spread(lines, &result);
     let cold_early = cold_in_first(&result, result.records.len().div_ceil(10));
@@ -316,6 +341,7 @@ fn run_cell(
         cold_early,
         counters,
         start_retries,
+        per_replica,
     })
 }
 
@@ -834,17 +860,17 @@ impl Drop for StateDir {
     }
 }
 
-fn log_file(path: &Path) -> Result<std::fs::File, String> {
+pub(crate) fn log_file(path: &Path) -> Result<std::fs::File, String> {
     std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), ()> {
+pub(crate) fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), ()> {
     let deadline = Instant::now() + limit;
     loop {
         if ok() {
@@ -857,7 +883,7 @@ fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), ()> {
     }
 }
 
-fn free_addr() -> Result<SocketAddr, String> {
+pub(crate) fn free_addr() -> Result<SocketAddr, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     l.local_addr().map_err(|e| e.to_string())
 }
@@ -965,22 +991,35 @@ pub fn late_markdown(late: &[LateCell]) -> String {
     out
 }
 
+/// The fewest and most requests a replica answered, `min–max`.
+fn spread_range(per_replica: &[f64]) -> String {
+    let min = per_replica.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = per_replica.iter().copied().fold(0.0, f64::max);
+    match per_replica.len() {
+        0 => "—".into(),
+        _ => format!("{min:.0}–{max:.0}"),
+    }
+}
+
 pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
     let mut out = String::new();
     for w in &cfg.workloads {
         let name = w.name();
         let _ = writeln!(
             out,
-            "\n### cluster · {name} ({}; {} engine-sims × {} blocks; prefix_aware, {} shard per replica, concurrency {}, seed {})\n",
+            "\n### cluster · {name} ({}; {} engine-sims × {} blocks; prefix_aware, {} shard per replica, concurrency {}, seed {}; spread: {})\n",
             w.describe(),
             cfg.engines,
             cfg.cache_blocks,
             cfg.shards,
             cfg.concurrency,
-            cfg.seed
+            cfg.seed,
+            cfg.spread.describe()
         );
-        out.push_str("| round | replicas | shared | requests | errors | hit rate | vs 1 replica | engines' /metrics | TTFT p50 ms | TTFT p99 ms | event lag p99 ms (worst / median) | engines per document (mean / max) | cold prefills (in the first tenth) | reasons |\n");
-        out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        out.push_str("| round | replicas | shared | requests | errors | hit rate | vs 1 replica | engines' /metrics | TTFT p50 ms | TTFT p99 ms | event lag p99 ms (worst / median) | engines per document (mean / max) | cold prefills (in the first tenth) | requests per replica (min–max) | reasons |\n");
+        out.push_str(
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
         for c in cells.iter().filter(|c| c.workload == name) {
             let one = cells
                 .iter()
@@ -999,7 +1038,7 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
                 .join(", ");
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} ({}) | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} ({}) | {} | {} |",
                 c.round,
                 c.replicas,
                 mode(c),
@@ -1016,6 +1055,7 @@ pub fn to_markdown(cfg: &ClusterConfig, cells: &[Cell]) -> String {
                     .map_or("—".into(), |(mean, max)| format!("{mean:.2} / {max}")),
                 c.cold,
                 c.cold_early,
+                spread_range(&c.per_replica),
                 reasons
             );
         }

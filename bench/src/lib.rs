@@ -24,6 +24,7 @@ pub mod cluster;
 #[path = "../../src/cluster/wire.rs"]
 #[allow(dead_code)]
 pub mod cluster_wire;
+pub mod haproxy;
 pub mod http;
 pub mod json;
 pub mod load;

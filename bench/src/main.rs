@@ -57,8 +57,8 @@ enum Command {
     Wire(WireArgs),
     /// Cluster mode on one machine: a Redis bus, engine-sims and N `radixgate serve`
     /// replicas (sharing over the bus, or not), the docs and multiturn traces replayed
-    /// with each request sent to a random replica; hit rate, TTFT and event lag per
-    /// replica count.
+    /// behind an L4 spread (a random replica per request, or HAProxy in TCP mode);
+    /// hit rate, TTFT and event lag per replica count.
     Cluster(ClusterArgs),
 }
 
@@ -113,6 +113,14 @@ struct ClusterArgs {
     /// The bus script (PORT); default deploy/cluster/bus.
     #[arg(long, default_value = "deploy/cluster/bus")]
     bus_script: PathBuf,
+    /// The L4 spread in front of the replicas: random (a random replica per
+    /// request, keep-alive connections) or haproxy (HAProxy in TCP mode, round
+    /// robin, a new connection per request).
+    #[arg(long, default_value = "random")]
+    spread: String,
+    /// The HAProxy script (CONFIG) for --spread haproxy; installs haproxy if missing.
+    #[arg(long, default_value = "deploy/cluster/haproxy")]
+    haproxy_script: PathBuf,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Keep the generated configs and the processes' logs (the path is printed).
@@ -494,6 +502,13 @@ fn cluster_command(args: ClusterArgs) -> ExitCode {
             }
         }
     }
+    let spread = match cluster::Spread::parse(&args.spread) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if args.replicas.is_empty() || args.replicas.contains(&0) || args.engines == 0 {
         eprintln!("error: --replicas and --engines must be positive");
         return ExitCode::from(2);
@@ -535,6 +550,8 @@ fn cluster_command(args: ClusterArgs) -> ExitCode {
         cluster_extra: args.cluster_extra,
         keep: args.keep,
         late: args.late,
+        spread,
+        haproxy_script: args.haproxy_script,
     };
     match cluster::run(&cfg, |line| eprintln!("{line}")) {
         Ok((cells, late, before, after)) => {

@@ -26,6 +26,7 @@
 pub mod peers;
 pub mod publish;
 pub mod subscribe;
+pub mod tls;
 pub mod wire;
 
 use crate::backends::LiveConfig;
@@ -155,19 +156,9 @@ pub fn fingerprint_key(config: &ClusterConfig) -> String {
 }
 
 /// Opens one bus connection (password from the environment or a file, never the
-/// URL), bounded by [`BUS_TIMEOUT`].
+/// URL; TLS for `rediss://`), bounded by [`BUS_TIMEOUT`].
 pub fn connect(config: &ClusterConfig) -> redis::RedisResult<redis::Connection> {
-    use redis::IntoConnectionInfo;
-    let mut info = config.url.as_str().into_connection_info()?;
-    let mut settings = info.redis_settings().clone();
-    if let Some(user) = &config.username {
-        settings = settings.set_username(user);
-    }
-    if let Some(password) = &config.password {
-        settings = settings.set_password(password);
-    }
-    info = info.set_redis_settings(settings);
-    let client = redis::Client::open(info)?;
+    let client = tls::client(config)?;
     let conn = client.get_connection_with_timeout(BUS_TIMEOUT)?;
     conn.set_read_timeout(Some(BUS_TIMEOUT))?;
     conn.set_write_timeout(Some(BUS_TIMEOUT))?;
@@ -215,9 +206,20 @@ pub fn renew_fingerprint(
 /// fleet, the error to refuse start-up with. A bus that does not answer is no
 /// error (the replica starts on local state and joins when the bus is back).
 pub fn check_join(config: &ClusterConfig, fingerprint: u64) -> Result<(), String> {
-    let Ok(mut conn) = connect(config) else {
-        tracing::warn!(url = %config.url, "cluster bus unreachable at start; routing on local state until it answers");
-        return Ok(());
+    let mut conn = match connect(config) {
+        Ok(conn) => conn,
+        Err(e) => {
+            let error = e.to_string();
+            match tls::hint(config, &error) {
+                Some(hint) => {
+                    tracing::error!(url = %config.url, error, hint, "cluster bus refused at start; routing on local state, and retrying")
+                }
+                None => {
+                    tracing::warn!(url = %config.url, error, "cluster bus unreachable at start; routing on local state until it answers")
+                }
+            }
+            return Ok(());
+        }
     };
     match claim_fingerprint(&mut conn, config, fingerprint) {
         Ok(true) => Ok(()),

@@ -257,6 +257,9 @@ impl Subscriber {
 
     fn joined(&mut self) {
         self.status.connected.store(true, Ordering::Relaxed);
+        if let Ok(mut e) = self.status.last_error.lock() {
+            e.clear();
+        }
         self.warming = Some(Warming {
             since: Instant::now(),
             asked: None,
@@ -272,10 +275,26 @@ impl Subscriber {
     /// The bus went away (or never answered): counted and logged once per outage.
     fn lost(&mut self, error: &str) {
         self.status.connected.store(false, Ordering::Relaxed);
+        let hint = super::tls::hint(&self.config, error);
+        if let Ok(mut e) = self.status.last_error.lock() {
+            if !e.starts_with(error) {
+                *e = match hint {
+                    Some(hint) => format!("{error} ({hint})"),
+                    None => error.to_string(),
+                };
+            }
+        }
         if !self.down {
             self.down = true;
             self.status.outages.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(url = %self.config.url, error, "cluster bus lost; routing on local state until it is back");
+            match hint {
+                Some(hint) => {
+                    tracing::error!(url = %self.config.url, error, hint, "cluster bus refused the connection; routing on local state, and retrying")
+                }
+                None => {
+                    tracing::warn!(url = %self.config.url, error, "cluster bus lost; routing on local state until it is back")
+                }
+            }
         }
     }
 

@@ -3,7 +3,12 @@
 //!
 //! Off unless `url` is set, and `url` is the only key a replica needs. The bus
 //! password never sits in the config: it comes from an environment variable or a
-//! file (`password_env`, `password_file`), and the URL may not carry one.
+//! file (`password_env`, `password_file`), and the URL may not carry one. A
+//! `rediss://` URL speaks TLS to the bus; its files are read here ([`tls`]).
+
+mod tls;
+
+pub use tls::BusTls;
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -11,8 +16,9 @@ use std::time::Duration;
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct ClusterWire {
-    /// The bus: `redis://HOST:PORT` (Redis or Valkey; `valkey://` is the same), with
-    /// an optional `/DB`; empty = not in a cluster.
+    /// The bus: `redis://HOST:PORT` (Redis or Valkey; `valkey://` is the same), or
+    /// `rediss://HOST:PORT` (`valkeys://`) for TLS, with an optional `/DB`; empty =
+    /// not in a cluster.
     url: String,
     /// This replica's name in the fleet; default `HOSTNAME-PID`. Give each replica
     /// its own (a restarted replica may keep its name: its epoch tells it apart).
@@ -25,6 +31,14 @@ pub(super) struct ClusterWire {
     password_env: String,
     /// File holding the bus password (trailing newline ignored).
     password_file: String,
+    /// With `rediss://`: a PEM bundle of the CAs to trust for the bus's certificate;
+    /// empty = the system's roots.
+    ca_file: String,
+    /// With `rediss://`: this replica's PEM certificate chain, for a bus that asks
+    /// clients for one (mTLS; Redis' `tls-auth-clients`). Needs `key_file`.
+    cert_file: String,
+    /// With `rediss://`: the PEM private key of `cert_file`.
+    key_file: String,
     /// Longest a routing op waits before its batch is published.
     batch_ms: u64,
     /// Most ops in one bus message.
@@ -47,6 +61,9 @@ impl Default for ClusterWire {
             username: String::new(),
             password_env: String::new(),
             password_file: String::new(),
+            ca_file: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
             batch_ms: 1,
             batch_ops: 64,
             report_interval_ms: 100,
@@ -58,8 +75,10 @@ impl Default for ClusterWire {
 
 #[derive(Clone)]
 pub struct ClusterConfig {
-    /// `redis://HOST:PORT[/DB]`, never with a password.
+    /// `redis://HOST:PORT[/DB]` or `rediss://…`, never with a password.
     pub url: String,
+    /// Set for a `rediss://` URL (and only then): what to trust, who to be.
+    pub tls: Option<BusTls>,
     pub node: String,
     pub channel: String,
     pub username: Option<String>,
@@ -76,6 +95,7 @@ impl std::fmt::Debug for ClusterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterConfig")
             .field("url", &self.url)
+            .field("tls", &self.tls)
             .field("node", &self.node)
             .field("channel", &self.channel)
             .field("username", &self.username)
@@ -89,12 +109,16 @@ pub(super) fn validate(wire: ClusterWire, errors: &mut Vec<String>) -> Option<Cl
     if wire.url.is_empty() {
         return None;
     }
-    let url = match wire.url.strip_prefix("valkey://") {
-        Some(rest) => format!("redis://{rest}"),
-        None => wire.url.clone(),
+    let url = if let Some(rest) = wire.url.strip_prefix("valkey://") {
+        format!("redis://{rest}")
+    } else if let Some(rest) = wire.url.strip_prefix("valkeys://") {
+        format!("rediss://{rest}")
+    } else {
+        wire.url.clone()
     };
+    let mut tls = None;
     match url.split_once("://") {
-        Some(("redis", rest)) => {
+        Some((scheme @ ("redis" | "rediss"), rest)) => {
             let authority = rest.split('/').next().unwrap_or("");
             if authority.contains('@') {
                 errors.push(
@@ -106,12 +130,10 @@ pub(super) fn validate(wire: ClusterWire, errors: &mut Vec<String>) -> Option<Cl
             if authority.is_empty() {
                 errors.push(format!("cluster.url: `{}` has no host", wire.url));
             }
+            if scheme == "rediss" {
+                tls = tls::read(&url, &wire.ca_file, &wire.cert_file, &wire.key_file, errors);
+            }
         }
-        Some(("rediss", _)) => errors.push(
-            "cluster.url: TLS to the bus (rediss://) is not supported yet; reach the bus \
-             over a private network or a TLS tunnel (docs/cluster.md)"
-                .into(),
-        ),
         Some(("nats", _)) => errors.push(
             "cluster.url: the cluster bus speaks the Redis protocol (Redis or Valkey); NATS \
              was measured but not chosen (docs/cluster.md)"
@@ -121,6 +143,19 @@ pub(super) fn validate(wire: ClusterWire, errors: &mut Vec<String>) -> Option<Cl
             "cluster.url: `{}` is not a redis:// or valkey:// URL",
             wire.url
         )),
+    }
+    if tls.is_none() {
+        for (key, value) in [
+            ("ca_file", &wire.ca_file),
+            ("cert_file", &wire.cert_file),
+            ("key_file", &wire.key_file),
+        ] {
+            if !value.is_empty() && url.starts_with("redis://") {
+                errors.push(format!(
+                    "cluster.{key}: only for TLS to the bus; set cluster.url to rediss://"
+                ));
+            }
+        }
     }
     if wire.channel.is_empty() || wire.channel.len() > 128 {
         errors.push("cluster.channel: must be 1 to 128 characters".into());
@@ -172,6 +207,7 @@ pub(super) fn validate(wire: ClusterWire, errors: &mut Vec<String>) -> Option<Cl
     };
     Some(ClusterConfig {
         url,
+        tls,
         node,
         channel: wire.channel,
         username: (!wire.username.is_empty()).then_some(wire.username),

@@ -1,8 +1,11 @@
 //! The cluster bus for tests: `deploy/cluster/bus` (Redis) on a free port, stopped
-//! by its PID when dropped, and a raw RESP client to poke it.
+//! by its PID when dropped, and a raw RESP client to poke it. A TLS bus
+//! ([`Bus::start_tls`]) carries the paths of its throwaway CA and client
+//! certificate, and is pinged over TLS.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,6 +13,9 @@ pub struct Bus {
     child: Option<Child>,
     pub port: u16,
     pub url: String,
+    /// A TLS bus's CA (the script's second line); client.crt and client.key lie
+    /// beside it.
+    pub ca: Option<PathBuf>,
 }
 
 pub fn free_port() -> u16 {
@@ -27,9 +33,20 @@ impl Bus {
 
     /// Starts a bus on `port` (a restart keeps the port, as an operator's would).
     pub fn start_on(port: u16) -> Bus {
+        Bus::start_with(port, &[])
+    }
+
+    /// Starts a TLS-only bus on a free port (`--tls`), or one that also requires a
+    /// client certificate (`--mtls`).
+    pub fn start_tls(mutual: bool) -> Bus {
+        Bus::start_with(free_port(), &[if mutual { "--mtls" } else { "--tls" }])
+    }
+
+    fn start_with(port: u16, flags: &[&str]) -> Bus {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/cluster/bus");
         let mut child = Command::new(script)
             .arg(port.to_string())
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -38,6 +55,11 @@ impl Bus {
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let mut url = String::new();
         out.read_line(&mut url).expect("the bus prints its url");
+        let ca = url.starts_with("rediss://").then(|| {
+            let mut ca = String::new();
+            out.read_line(&mut ca).expect("a TLS bus prints its CA");
+            PathBuf::from(ca.trim())
+        });
         // Keep draining (Redis logs to stdout).
         std::thread::spawn(move || {
             let mut sink = Vec::new();
@@ -47,9 +69,10 @@ impl Bus {
             child: Some(child),
             port,
             url: url.trim().to_string(),
+            ca,
         };
         let deadline = Instant::now() + Duration::from_secs(180);
-        while bus.command(&[b"PING"]).is_none() {
+        while !bus.answers() {
             assert!(Instant::now() < deadline, "bus on {port} never answered");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -62,7 +85,35 @@ impl Bus {
             child: None,
             port,
             url: format!("redis://127.0.0.1:{port}"),
+            ca: None,
         }
+    }
+
+    /// A file beside a TLS bus's CA: `client.crt`, `client.key`.
+    pub fn tls_file(&self, name: &str) -> String {
+        let ca = self.ca.as_ref().expect("a TLS bus");
+        ca.with_file_name(name).display().to_string()
+    }
+
+    /// PING answered: in plain RESP, or for a TLS bus over TLS (trusting its CA and
+    /// presenting its client certificate).
+    fn answers(&self) -> bool {
+        let Some(ca) = &self.ca else {
+            return self.command(&[b"PING"]).is_some();
+        };
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |p: &str| std::fs::read(p).expect("the bus's certificates");
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&self.tls_file("client.crt")),
+                client_key: read(&self.tls_file("client.key")),
+            }),
+            root_cert: Some(std::fs::read(ca).expect("the bus's CA")),
+        };
+        redis::Client::build_with_tls(self.url.as_str(), certificates)
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
     }
 
     /// One command over a fresh connection; the raw reply.

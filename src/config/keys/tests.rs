@@ -204,7 +204,7 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
 }
 
 /// Keys no single change can exercise here, and why.
-const UNCHANGEABLE: [(&str, &str); 6] = [
+const UNCHANGEABLE: [(&str, &str); 9] = [
     (
         "backends.*.id",
         "names the entry: a new id is a backend removed and one added",
@@ -228,6 +228,18 @@ const UNCHANGEABLE: [(&str, &str); 6] = [
     (
         "cluster.password_file",
         "excludes cluster.password_env, which the full config sets",
+    ),
+    (
+        "cluster.ca_file",
+        "needs a rediss:// URL and a PEM file (tests/cluster.rs covers it)",
+    ),
+    (
+        "cluster.cert_file",
+        "needs a rediss:// URL and PEM files (tests/cluster.rs covers it)",
+    ),
+    (
+        "cluster.key_file",
+        "needs a rediss:// URL and PEM files (tests/cluster.rs covers it)",
     ),
 ];
 
