@@ -198,23 +198,7 @@ impl ModelNames for WithAdapters<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::BackendConfig;
-
-    fn backend(id: &str, models: &[&str]) -> BackendConfig {
-        BackendConfig {
-            id: id.into(),
-            addr: "127.0.0.1:1".parse().unwrap(),
-            host: "127.0.0.1:1".into(),
-            models: models.iter().map(|m| m.to_string()).collect(),
-            cache_blocks: 1,
-            upstream_auth: None,
-            kv_events: None,
-            capabilities: Default::default(),
-            role: Default::default(),
-            bootstrap_port: None,
-            file: serde_json::Value::Null,
-        }
-    }
+    use crate::backends::tests::backend;
 
     fn adapter(name: &str, parent: &str) -> EngineAdapter {
         EngineAdapter {

@@ -235,10 +235,11 @@ impl LiveConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn backend(id: &str, models: &[&str]) -> BackendConfig {
+    /// A backend config for tests: `id` serving `models`, everything else default.
+    pub(crate) fn backend(id: &str, models: &[&str]) -> BackendConfig {
         BackendConfig {
             id: id.into(),
             addr: "127.0.0.1:1".parse().unwrap(),
