@@ -119,6 +119,12 @@ impl Peers {
         self.peers.len()
     }
 
+    /// Whether any peer has been heard at or after `since` (a peer remembered from
+    /// before a bus outage may not be back on the bus yet).
+    pub fn heard_since(&self, since: Instant) -> bool {
+        self.peers.values().any(|p| p.last_seen >= since)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.peers.is_empty()
     }
@@ -171,6 +177,18 @@ mod tests {
         // Another node is fenced on its own.
         assert_eq!(p.admit(&h(2, 1, 7), t), Verdict::Apply { gap: 0 });
         assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn a_peer_remembered_from_before_is_not_heard_since() {
+        let t = Instant::now();
+        let mut p = Peers::new(Duration::from_secs(3));
+        p.admit(&h(1, 10, 0), t);
+        let rejoined = t + Duration::from_millis(10);
+        assert!(!p.is_empty());
+        assert!(!p.heard_since(rejoined));
+        p.admit(&h(1, 10, 1), rejoined);
+        assert!(p.heard_since(rejoined));
     }
 
     #[test]

@@ -18,13 +18,14 @@
 //!
 //! **Warm start.** Each time it joins (at start, and again after an outage) the
 //! thread is subscribed before it asks, so it misses nothing published after: once
-//! it has heard a peer, it publishes a `SnapshotRequest` with a fresh nonce; every
+//! it has heard a peer since joining, it publishes a `SnapshotRequest` with a fresh nonce; every
 //! warm peer asks its coordinator for the authoritative index and session bindings
 //! and stores them, as one wire batch, under the nonce's key (`SET NX`, so one copy
 //! is kept, expiring after 30 s). The joiner loads the first copy it finds, with
 //! each entry's age (not the peer's clock) carried over, and is warm: `/ready`
 //! answers 200 from then on. With no peer heard within three report intervals it is
-//! warm at once (the first replica); with no snapshot within `warm_timeout_ms` it
+//! warm at once (the first replica; after an outage it listens up to `peer_timeout_ms`,
+//! capped by `warm_timeout_ms`, as the peers reconnect one by one); with no snapshot within `warm_timeout_ms` it
 //! is warm anyway, with a warning. Ops published while it loads arrive on the
 //! subscription as usual; applying one twice is harmless.
 
@@ -79,6 +80,8 @@ struct Subscriber {
 struct Warming {
     since: Instant,
     asked: Option<u64>,
+    /// How long to listen for a peer before concluding there is none.
+    roll_call: Duration,
 }
 
 /// The index op a peer's wire op stands for, at this replica's backend slot, with
@@ -260,9 +263,20 @@ impl Subscriber {
         if let Ok(mut e) = self.status.last_error.lock() {
             e.clear();
         }
+        // After an outage the peers come back one by one, each on its own
+        // reconnect schedule: listen for them as long as a live peer may stay
+        // silent, or a replica that reconnects first would skip the resync.
+        let first_join = 3 * self.config.report_interval;
+        let roll_call = match self.down {
+            true => first_join
+                .max(self.config.peer_timeout)
+                .min(self.config.warm_timeout),
+            false => first_join,
+        };
         self.warming = Some(Warming {
             since: Instant::now(),
             asked: None,
+            roll_call,
         });
         if self.down {
             self.down = false;
@@ -480,11 +494,13 @@ impl Subscriber {
         let Some(w) = &self.warming else {
             return;
         };
-        let (since, asked) = (w.since, w.asked);
+        let (since, asked, roll_call) = (w.since, w.asked, w.roll_call);
         let waited = since.elapsed();
         match asked {
-            None if self.peers.is_empty() => {
-                if waited >= 3 * self.config.report_interval {
+            // Heard since this join: a peer remembered from before an outage
+            // may not be subscribed yet, and would miss the request.
+            None if !self.peers.heard_since(since) => {
+                if waited >= roll_call {
                     self.warmed(
                         since,
                         "no peer answered the roll call: this replica starts the fleet's index",
