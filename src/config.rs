@@ -350,6 +350,9 @@ struct PrefixAwareWire {
     queue_ms_per_request: f64,
     /// Prefill cost per uncached prompt token until one is learned, in microseconds.
     prefill_us_per_token: f64,
+    /// Use each backend's learned delay per request ahead instead of
+    /// `queue_ms_per_request` once one is learned.
+    learn_queue_cost: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -361,6 +364,7 @@ impl Default for PrefixAwareWire {
             hysteresis: d.hysteresis,
             queue_ms_per_request: d.queue_ns_per_request as f64 / 1e6,
             prefill_us_per_token: d.default_prefill_ns_per_token as f64 / 1e3,
+            learn_queue_cost: d.learned_queue_cost,
         }
     }
 }
@@ -1127,6 +1131,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         min_match_blocks: p.min_match_blocks,
         saturation_inflight: p.saturation_inflight,
         hysteresis: p.hysteresis,
+        learned_queue_cost: p.learn_queue_cost,
     };
     if r.rag_field.is_empty()
         || !r

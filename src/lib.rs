@@ -27,6 +27,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod http;
 pub mod kv_events;
+pub mod learned;
 pub mod log_writer;
 pub mod metrics;
 pub mod observe;

@@ -13,6 +13,7 @@ mod disagg;
 pub use disagg::DisaggMetrics;
 
 use crate::engine_metrics::EngineLoad;
+use crate::learned::LearnedCost;
 use families::{Families, Kind, Value};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -90,7 +91,7 @@ pub struct ShardMetrics {
     /// Filled in when collected: which shard, its replica's size and learned costs.
     pub shard: usize,
     pub replica_blocks: u64,
-    pub prefill_ns: Vec<u32>,
+    pub learned: Vec<LearnedCost>,
     pub requests: MetricMap<RequestKey, u64>,
     /// Per model index.
     pub ttft: Vec<Histogram>,
@@ -546,24 +547,34 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             f.row(backend(id), Value::Int(values.get(i).copied().unwrap_or(0)));
         }
     }
-    let f = out.family(
-        "radixgate_backend_prefill_ns_per_token",
-        Kind::Gauge,
-        "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).",
-    );
-    for (i, id) in g.live_ids() {
-        let learned: Vec<u64> = shards
-            .iter()
-            .filter_map(|s| s.prefill_ns.get(i))
-            .filter(|v| **v > 0)
-            .map(|v| *v as u64)
-            .collect();
-        let mean = if learned.is_empty() {
-            0
-        } else {
-            learned.iter().sum::<u64>() / learned.len() as u64
-        };
-        f.row(backend(id), Value::Int(mean));
+    type Learned = fn(&LearnedCost) -> u32;
+    let learned_gauges: [(&'static str, &'static str, Learned); 2] = [
+        (
+            "radixgate_backend_prefill_ns_per_token",
+            "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).",
+            |l| l.prefill_ns_per_token,
+        ),
+        (
+            "radixgate_backend_queue_ns_per_request",
+            "Learned delay each request ahead adds beyond the queued prefill (mean over shards that learned one; 0 = none yet).",
+            |l| l.queue_ns_per_request,
+        ),
+    ];
+    for (name, help, read) in learned_gauges {
+        let f = out.family(name, Kind::Gauge, help);
+        for (i, id) in g.live_ids() {
+            let learned: Vec<u64> = shards
+                .iter()
+                .filter_map(|s| s.learned.get(i).map(read))
+                .filter(|v| *v > 0)
+                .map(u64::from)
+                .collect();
+            let mean = match learned.len() {
+                0 => 0,
+                n => learned.iter().sum::<u64>() / n as u64,
+            };
+            f.row(backend(id), Value::Int(mean));
+        }
     }
     type Read = fn(&EngineLoad) -> f64;
     let engine_gauges: [(&'static str, &'static str, Read); 3] = [

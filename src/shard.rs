@@ -51,8 +51,8 @@ pub struct Shard {
     pub tokens: Option<RefCell<TokenHasher>>,
     /// Requests admitted but waiting for a backend with room (`admission.queue_capacity`).
     pub edge_queue: EdgeQueue,
-    /// Learned prefill cost per backend, ns per uncached prompt token (0 = unknown).
-    pub prefill_ns: RefCell<Vec<u32>>,
+    /// Learned costs per backend ([`crate::learned`]).
+    pub learned: RefCell<Vec<crate::learned::LearnedCost>>,
     /// Requests this shard has in flight to each half-open backend (its probes).
     pub probes: RefCell<Vec<u32>>,
     /// Whether this shard's last request to each backend failed (so the first
@@ -107,7 +107,7 @@ impl Shard {
             hasher: RefCell::new(hasher),
             tokens,
             edge_queue: EdgeQueue::new(c.admission.queue_capacity),
-            prefill_ns: RefCell::new(vec![0; backends]),
+            learned: RefCell::new(vec![crate::learned::LearnedCost::default(); backends]),
             probes: RefCell::new(vec![0; backends]),
             last_failed: RefCell::new(vec![false; backends]),
             retry_budget: RefCell::new(RetryBudget::new(
@@ -190,7 +190,9 @@ impl Shard {
         }
         let (before, after) = (&*old.live, &*snapshot.live);
         let slots = after.backends.len();
-        self.prefill_ns.borrow_mut().resize(slots, 0);
+        self.learned
+            .borrow_mut()
+            .resize(slots, crate::learned::LearnedCost::default());
         self.probes.borrow_mut().resize(slots, 0);
         self.last_failed.borrow_mut().resize(slots, false);
         self.metrics
@@ -235,7 +237,7 @@ impl Shard {
                     let mut copy = self.metrics.borrow().clone();
                     copy.shard = self.id;
                     copy.replica_blocks = self.replica.borrow().index.total_blocks() as u64;
-                    copy.prefill_ns = self.prefill_ns.borrow().clone();
+                    copy.learned = self.learned.borrow().clone();
                     copy.queue_depth = self.edge_queue.len() as u64;
                     copy.open_connections = self.conns.len() as u64;
                     copy.active_requests = self.active_requests.get() as u64;

@@ -11,6 +11,7 @@
 //! [`load::run`], [`sim`], [`trace`], [`replay::run`] and [`bus::run`].
 
 pub mod bus;
+pub mod ceiling;
 pub mod chat;
 /// The gateway's chunked-transfer decoder, compiled here from its one source file
 /// (`src/http/chunked.rs`, std only): one decoder for both, so the bench reads a

@@ -242,10 +242,43 @@ struct RealArgs {
     gateway_bin: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Every engine's KV cache in blocks (vLLM's --num-gpu-blocks-override), to make
+    /// it smaller than the working set as in production.
+    #[arg(long)]
+    kv_blocks: Option<u32>,
+    /// More vLLM arguments for every engine, as one string (split on whitespace).
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    engine_args: String,
+    /// More vLLM arguments for one engine: `I=ARGS` (repeatable), e.g.
+    /// `--engine-args-for '0=--max-num-seqs 1'` for a heterogeneous fleet.
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_engine_args_for)]
+    engine_args_for: Vec<(usize, String)>,
+    /// Engine i is pinned to the i-th entry, comma-separated (a core or a range such
+    /// as 0-1); e.g. `0,0,1`: two engines share core 0 and are slower than the third.
+    /// Default: core i mod the host's CPUs.
+    #[arg(long, value_delimiter = ',')]
+    engine_cores: Vec<String>,
+    /// The TTFT objective for goodput, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    slo_ms: u64,
+    /// The engines' KV block in tokens (vLLM's CPU backend: 128), for the ceiling.
+    #[arg(long, default_value_t = 128)]
+    block_tokens: usize,
     /// Also write the Markdown tables to this file, and SVG plots (hit rate, TTFT CDF,
     /// load per backend per workload and concurrency) next to it.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+fn parse_engine_args_for(s: &str) -> Result<(usize, String), String> {
+    let (i, args) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected I=ARGS, got {s:?}"))?;
+    let i = i
+        .trim()
+        .parse()
+        .map_err(|_| format!("expected an engine index before '=', got {i:?}"))?;
+    Ok((i, args.to_string()))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -614,7 +647,41 @@ fn real_command(args: RealArgs) -> ExitCode {
         bytes_per_token: args.bytes_per_token,
         base_port: args.base_port,
         seed: args.seed,
+        kv_blocks: args.kv_blocks,
+        engine_args: args
+            .engine_args
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        engine_args_for: args.engine_args_for,
+        engine_cores: args.engine_cores,
+        slo_ms: args.slo_ms,
+        block_tokens: args.block_tokens,
     };
+    // vLLM refuses to start with a cache that cannot hold one request of the
+    // model's length (fleet.sh serves 4096 tokens).
+    let sets_length = cfg
+        .engine_args
+        .iter()
+        .any(|a| a.starts_with("--max-model-len"));
+    if let Some(n) = cfg
+        .kv_blocks
+        .filter(|&n| !sets_length && (n as usize) * cfg.block_tokens < 4096)
+    {
+        eprintln!(
+            "error: --kv-blocks {n} holds {} tokens, less than one 4096-token request; use at least {} or add --max-model-len to --engine-args",
+            n as usize * cfg.block_tokens,
+            4096usize.div_ceil(cfg.block_tokens)
+        );
+        return ExitCode::from(2);
+    }
+    if let Some(&(i, _)) = cfg.engine_args_for.iter().find(|(i, _)| *i >= cfg.engines) {
+        eprintln!(
+            "error: --engine-args-for names engine {i}, but there are {} engines",
+            cfg.engines
+        );
+        return ExitCode::from(2);
+    }
     let rows = match real::run(&cfg, |line| eprintln!("{line}")) {
         Ok(rows) => rows,
         Err(e) => {
@@ -622,7 +689,7 @@ fn real_command(args: RealArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut table = real::to_markdown(&rows);
+    let mut table = real::to_markdown(&rows, cfg.slo_ms);
     if let Some(path) = &args.out {
         // Plots go next to the table file, linked under it.
         let dir = path.parent().unwrap_or(std::path::Path::new("."));

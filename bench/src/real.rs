@@ -2,10 +2,17 @@
 //! `deploy/vllm/fleet.sh` (install, offline model, loopback, prefix caching), puts the
 //! radixgate binary in front of them, and for each workload × concurrency × policy runs
 //! a closed-loop [`load`](crate::load) run with fresh content (its own seed, so no run
-//! warms another's cache). Per run it reports TTFT (mean, p50/p95/p99), the engines'
-//! own prefix-cache hit rate from `/metrics` deltas (`vllm:prefix_cache_hits_total` over
-//! `vllm:prefix_cache_queries_total`, summed over engines) and the engine-reported
-//! `cached_tokens` share of prompt tokens.
+//! warms another's cache). Per run it reports TTFT (mean, p50/p95/p99), goodput (the
+//! share of requests whose TTFT met `slo_ms`; failed and refused requests miss), the
+//! engines' own prefix-cache hit rate from `/metrics` deltas
+//! (`vllm:prefix_cache_hits_total` over `vllm:prefix_cache_queries_total`, summed over
+//! engines), the [`ceiling`](crate::ceiling) an oracle with the fleet's KV capacity
+//! would reach on the same requests, and the engine-reported `cached_tokens` share.
+//!
+//! The fleet can be made to look like production: `kv_blocks` caps every engine's
+//! KV cache (`--num-gpu-blocks-override`) below the working set, `engine_args` go to
+//! every engine, and `engine_cores` / `engine_args_for` make engines unequal (shared
+//! cores, fewer sequences).
 //!
 //! Policies are switched per request with `X-Router-Policy` on one gateway per
 //! hashing mode, so every policy runs against the same engines in the same process
@@ -53,6 +60,20 @@ pub struct RealConfig {
     /// First port of the engines (each engine also uses port + 100).
     pub base_port: u16,
     pub seed: u64,
+    /// Every engine's KV cache in blocks (`--num-gpu-blocks-override`); `None`: as
+    /// much as `VLLM_CPU_KVCACHE_SPACE` gives.
+    pub kv_blocks: Option<u32>,
+    /// More arguments for every engine.
+    pub engine_args: Vec<String>,
+    /// More arguments for one engine: (engine index, arguments).
+    pub engine_args_for: Vec<(usize, String)>,
+    /// Engine i is pinned to entry i (a core or a range such as `0-1`); empty: core
+    /// i mod the host's CPUs.
+    pub engine_cores: Vec<String>,
+    /// The TTFT objective for goodput, in milliseconds.
+    pub slo_ms: u64,
+    /// The engines' KV block in tokens, for the ceiling (vLLM's CPU backend: 128).
+    pub block_tokens: usize,
 }
 
 /// The policy name that selects the precise-mode gateway.
@@ -66,7 +87,22 @@ pub struct Row {
     pub stats: Stats,
     /// Engine prefix-cache hit rate over the run, from `/metrics` deltas.
     pub engine_hit_rate: Option<f64>,
+    /// The oracle's hit rate on the same requests with the fleet's capacity.
+    pub ceiling_hit_rate: f64,
+    /// Share of the requests sent whose TTFT met the SLO (failures miss).
+    pub goodput: f64,
     pub elapsed: Duration,
+}
+
+impl Row {
+    /// Share of `sent` requests answered with a first byte within `slo_ms`.
+    fn goodput_of(stats: &Stats, slo_ms: u64) -> f64 {
+        let sent = stats.ok + stats.failed();
+        match sent {
+            0 => 0.0,
+            n => stats.ttft.count_between(0, slo_ms * 1000) as f64 / n as f64,
+        }
+    }
 }
 
 /// Writes the plots of each (workload, concurrency) group into `dir` as
@@ -107,6 +143,15 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
             .collect::<Vec<_>>()
             .join(" ")
     ));
+    let capacity = fleet.capacity_blocks();
+    progress(&format!(
+        "fleet KV capacity: {}",
+        capacity.map_or(
+            "unknown (the ceiling assumes no bound)".into(),
+            |c| format!("{c} blocks of {} tokens", cfg.block_tokens)
+        )
+    ));
+    let block_bytes = (cfg.block_tokens as f64 * cfg.bytes_per_token).round() as usize;
     let gateway = Gateway::start(cfg, &fleet, false)?;
     let target = Target::parse(&format!("http://{}/v1/chat/completions", gateway.addr))?;
     // `prefix_aware_precise` runs prefix_aware on a second gateway in precise mode,
@@ -162,12 +207,16 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     (Some((h0, q0)), Some((h1, q1))) if q1 > q0 => Some((h1 - h0) / (q1 - q0)),
                     _ => None,
                 };
+                let ceiling_hit_rate =
+                    crate::ceiling::hit_rate(&workload, cfg.requests, block_bytes, capacity);
                 let row = Row {
                     workload: kind.name(),
                     concurrency,
                     policy: policy.clone(),
+                    goodput: Row::goodput_of(&result.stats, cfg.slo_ms),
                     stats: result.stats,
                     engine_hit_rate,
+                    ceiling_hit_rate,
                     elapsed: result.elapsed,
                 };
                 progress(&row_line(&row));
@@ -180,7 +229,7 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
 
 fn row_line(r: &Row) -> String {
     format!(
-        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms, engine hit {}, cached {} ({:.1} s)",
+        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms p99 {:.0} ms, goodput {:.1}%, engine hit {} of ceiling {:.1}%, cached {} ({:.1} s)",
         r.workload,
         r.concurrency,
         r.policy,
@@ -188,7 +237,10 @@ fn row_line(r: &Row) -> String {
         r.stats.failed(),
         r.stats.ttft.mean() / 1e3,
         r.stats.ttft.value_at_quantile(0.95) as f64 / 1e3,
+        r.stats.ttft.value_at_quantile(0.99) as f64 / 1e3,
+        100.0 * r.goodput,
         pct(r.engine_hit_rate),
+        100.0 * r.ceiling_hit_rate,
         pct(r.stats.cached_share()),
         r.elapsed.as_secs_f64()
     )
@@ -199,15 +251,19 @@ fn pct(v: Option<f64>) -> String {
 }
 
 /// The results as Markdown: one table per workload, with mean TTFT against
-/// round_robin at the same concurrency.
-pub fn to_markdown(rows: &[Row]) -> String {
+/// round_robin at the same concurrency, goodput at `slo_ms`, and the engine hit rate
+/// beside the ceiling.
+pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
     let mut out = String::new();
     let mut workloads: Vec<&str> = rows.iter().map(|r| r.workload).collect();
     workloads.dedup();
     for w in workloads {
         let _ = writeln!(out, "\n### {w}\n");
-        out.push_str("| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | engine hit rate | cached_tokens share |\n");
-        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let _ = writeln!(
+            out,
+            "| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | goodput (TTFT ≤ {slo_ms} ms) | engine hit rate | ceiling | cached_tokens share |"
+        );
+        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in rows.iter().filter(|r| r.workload == w) {
             let baseline = rows.iter().find(|b| {
                 b.workload == w && b.concurrency == r.concurrency && b.policy == "round_robin"
@@ -220,7 +276,7 @@ pub fn to_markdown(rows: &[Row]) -> String {
             let q = |p: f64| r.stats.ttft.value_at_quantile(p) as f64 / 1e3;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {:.1}% | {} |",
                 r.concurrency,
                 r.policy,
                 r.stats.ok,
@@ -230,7 +286,9 @@ pub fn to_markdown(rows: &[Row]) -> String {
                 q(0.50),
                 q(0.95),
                 q(0.99),
+                100.0 * r.goodput,
                 pct(r.engine_hit_rate),
+                100.0 * r.ceiling_hit_rate,
                 pct(r.stats.cached_share()),
             );
         }
@@ -256,14 +314,22 @@ impl Fleet {
             state,
             engines: Vec::new(),
         };
-        let out = Command::new(&fleet.script)
+        let mut command = Command::new(&fleet.script);
+        command
             .arg("start")
             .arg(&fleet.state)
             .args([
                 cfg.engines.to_string(),
                 cfg.base_port.to_string(),
                 cfg.model.clone(),
+                "--".into(),
             ])
+            .args(engine_args(cfg))
+            .env("RADIXGATE_VLLM_CORES", cfg.engine_cores.join(" "));
+        for (i, args) in &cfg.engine_args_for {
+            command.env(format!("RADIXGATE_VLLM_ENGINE_ARGS_{i}"), args);
+        }
+        let out = command
             .stderr(Stdio::inherit())
             .output()
             .map_err(|e| format!("cannot run {}: {e}", fleet.script.display()))?;
@@ -290,6 +356,19 @@ impl Fleet {
             ));
         }
         Ok(fleet)
+    }
+
+    /// The engines' KV blocks summed, from `vllm:cache_config_info`'s
+    /// `num_gpu_blocks` label (what the engine settled on, override included).
+    fn capacity_blocks(&self) -> Option<usize> {
+        let mut sum = 0;
+        for (_, addr, _) in &self.engines {
+            let text = http_get(*addr, "/metrics").ok()?;
+            sum += label_value(&text, "vllm:cache_config_info", "num_gpu_blocks")?
+                .parse::<usize>()
+                .ok()?;
+        }
+        Some(sum)
     }
 
     /// Sum over engines of (prefix-cache hits, queries), in tokens.
@@ -422,6 +501,28 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
     Ok(body.to_string())
 }
 
+/// Every engine's arguments: `--num-gpu-blocks-override` for `kv_blocks`, then
+/// `engine_args`.
+fn engine_args(cfg: &RealConfig) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(n) = cfg.kv_blocks {
+        args.extend(["--num-gpu-blocks-override".to_string(), n.to_string()]);
+    }
+    args.extend(cfg.engine_args.iter().cloned());
+    args
+}
+
+/// The value of label `label` on the first sample of `metric`.
+fn label_value<'a>(text: &'a str, metric: &str, label: &str) -> Option<&'a str> {
+    let line = text
+        .lines()
+        .find(|l| l.strip_prefix(metric).is_some_and(|r| r.starts_with('{')))?;
+    let needle = format!("{label}=\"");
+    let start = line.find(&needle)? + needle.len();
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
 /// The sum of a Prometheus counter's samples (all label sets).
 fn counter(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
@@ -459,5 +560,29 @@ mod tests {
                     vllm:prefix_cache_hits_created{engine=\"0\"} 1.7e9\n";
         assert_eq!(counter(text, "vllm:prefix_cache_hits_total"), Some(15.5));
         assert_eq!(counter(text, "vllm:prefix_cache_queries_total"), None);
+    }
+
+    #[test]
+    fn label_value_reads_the_engines_block_count() {
+        let text = "# HELP vllm:cache_config_info x\n\
+                    vllm:cache_config_info{block_size=\"128\",num_gpu_blocks=\"100\",prefix=\"x\"} 1.0\n";
+        assert_eq!(
+            label_value(text, "vllm:cache_config_info", "num_gpu_blocks"),
+            Some("100")
+        );
+        assert_eq!(label_value(text, "vllm:cache_config_info", "nope"), None);
+        assert_eq!(label_value(text, "vllm:other", "num_gpu_blocks"), None);
+    }
+
+    #[test]
+    fn goodput_counts_failures_as_misses() {
+        let mut stats = Stats::default();
+        for ms in [100u64, 200, 900, 2000] {
+            stats.ttft.record(ms * 1000).unwrap();
+            stats.ok += 1;
+        }
+        stats.errors.insert("503".into(), 1);
+        // 3 of 5 sent met 1000 ms.
+        assert!((Row::goodput_of(&stats, 1000) - 0.6).abs() < 1e-9);
     }
 }

@@ -78,6 +78,7 @@ impl Default for WorkloadConfig {
 pub struct Workload {
     cfg: WorkloadConfig,
     fixed: Vec<u8>,
+    fixed_content: String,
     docs: Vec<String>,
 }
 
@@ -95,8 +96,12 @@ impl Workload {
         cfg.questions = cfg.questions.max(1);
         cfg.conversations = cfg.conversations.max(1);
         cfg.turns = cfg.turns.max(1);
+        let fixed_content = match cfg.kind {
+            Kind::Fixed => fixed_content(&cfg),
+            _ => String::new(),
+        };
         let fixed = match cfg.kind {
-            Kind::Fixed => fixed_body(&cfg),
+            Kind::Fixed => chat_body(&cfg, &[("user", &fixed_content)]),
             _ => Vec::new(),
         };
         let docs = match cfg.kind {
@@ -105,7 +110,12 @@ impl Workload {
                 .collect(),
             _ => Vec::new(),
         };
-        Workload { cfg, fixed, docs }
+        Workload {
+            cfg,
+            fixed,
+            fixed_content,
+            docs,
+        }
     }
 
     pub fn config(&self) -> &WorkloadConfig {
@@ -116,8 +126,22 @@ impl Workload {
     pub fn body(&self, i: u64) -> Vec<u8> {
         match self.cfg.kind {
             Kind::Fixed => self.fixed.clone(),
-            Kind::Docs => self.docs_body(i),
-            Kind::Multiturn => self.multiturn_body(i),
+            _ => {
+                let messages = self.messages(i);
+                let borrowed: Vec<(&str, &str)> =
+                    messages.iter().map(|(r, m)| (*r, m.as_str())).collect();
+                chat_body(&self.cfg, &borrowed)
+            }
+        }
+    }
+
+    /// The chat messages (role, content) of request number `i`, as [`Self::body`]
+    /// sends them.
+    pub fn messages(&self, i: u64) -> Vec<(&'static str, String)> {
+        match self.cfg.kind {
+            Kind::Fixed => vec![("user", self.fixed_content.clone())],
+            Kind::Docs => self.docs_messages(i),
+            Kind::Multiturn => self.multiturn_messages(i),
         }
     }
 
@@ -127,7 +151,7 @@ impl Workload {
         (rng.usize(..self.cfg.docs), rng.usize(..self.cfg.questions))
     }
 
-    fn docs_body(&self, i: u64) -> Vec<u8> {
+    fn docs_messages(&self, i: u64) -> Vec<(&'static str, String)> {
         let (d, q) = self.docs_pick(i);
         let mut rng =
             fastrand::Rng::with_seed(mix(&[self.cfg.seed, TAG_QUESTION, d as u64, q as u64]));
@@ -136,7 +160,7 @@ impl Workload {
             "Question {q}: what does the document say about {}?",
             words(&mut rng, n)
         );
-        chat_body(&self.cfg, &[("system", &self.docs[d]), ("user", &question)])
+        vec![("system", self.docs[d].clone()), ("user", question)]
     }
 
     /// `multiturn`: request `i` is turn `t` of conversation `c` in generation `g`
@@ -149,7 +173,7 @@ impl Workload {
         (c, round / turns, round % turns)
     }
 
-    fn multiturn_body(&self, i: u64) -> Vec<u8> {
+    fn multiturn_messages(&self, i: u64) -> Vec<(&'static str, String)> {
         let (c, g, t) = self.multiturn_pos(i);
         let seed = self.cfg.seed;
         let turn_text = |tag: u64, k: u64, lo: usize, hi: usize| {
@@ -158,23 +182,22 @@ impl Workload {
             words(&mut rng, n)
         };
         let system = "You are a helpful assistant. Answer briefly.".to_string();
-        let mut messages: Vec<(&str, String)> = vec![("system", system)];
+        let mut messages: Vec<(&'static str, String)> = vec![("system", system)];
         for k in 0..t {
             messages.push(("user", turn_text(TAG_USER, k, 30, 60)));
             messages.push(("assistant", turn_text(TAG_ASSISTANT, k, 20, 40)));
         }
         messages.push(("user", turn_text(TAG_USER, t, 30, 60)));
-        let borrowed: Vec<(&str, &str)> = messages.iter().map(|(r, m)| (*r, m.as_str())).collect();
-        chat_body(&self.cfg, &borrowed)
+        messages
     }
 }
 
-fn fixed_body(cfg: &WorkloadConfig) -> Vec<u8> {
+/// The `fixed` workload's one message, padded so its body is `body_bytes` long.
+fn fixed_content(cfg: &WorkloadConfig) -> String {
     let skeleton = chat_body(cfg, &[("user", "")]).len();
     let pad = cfg.body_bytes.saturating_sub(skeleton);
     let mut rng = fastrand::Rng::with_seed(mix(&[cfg.seed, TAG_FIXED]));
-    let content = text_of_len(&mut rng, "", pad);
-    chat_body(cfg, &[("user", &content)])
+    text_of_len(&mut rng, "", pad)
 }
 
 fn document(seed: u64, d: usize, bytes: usize) -> String {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #! Starts and stops a fleet of real vLLM (CPU) engines on loopback for radixgate.
 #!
-#!   deploy/vllm/fleet.sh start STATE_DIR K BASE_PORT [tiny|small]
+#!   deploy/vllm/fleet.sh start STATE_DIR K BASE_PORT [tiny|small] [-- ENGINE_ARGS...]
 #!   deploy/vllm/fleet.sh stop STATE_DIR
 #!
 #! `start` installs vLLM and builds the model if needed (install.sh, make_model.py),
@@ -9,6 +9,7 @@
 #! details and KV events (each engine publishes to tcp://127.0.0.1:(BASE_PORT+100+i),
 #! which the subscriber binds), and waits until every /health answers 200. Engine i is
 #! pinned to core i mod nproc. PIDs, logs and scratch caches live in STATE_DIR;
+#! ENGINE_ARGS after `--` go to every engine (e.g. `--num-gpu-blocks-override 100`).
 #! `stop` sends SIGTERM to each PID (vLLM stops its engine processes with it), waits,
 #! then SIGKILLs what is left and removes the files vLLM leaves in /tmp.
 #! Prints one line per engine: `ID ADDR KV_EVENTS_ENDPOINT`.
@@ -24,6 +25,13 @@
 #!                      `ID ADDR KV_EVENTS_ENDPOINT REPLAY_ENDPOINT`. Across hosts
 #!                      vLLM binds only `tcp://*:PORT` (every interface): firewall
 #!                      that port to the gateways' hosts.
+#!
+#! A heterogeneous fleet (engines of unequal speed):
+#!   RADIXGATE_VLLM_CORES="0 0 1"   engine i is pinned to the i-th entry (a core or a
+#!                                  range like 0-1, as VLLM_CPU_OMP_THREADS_BIND takes);
+#!                                  engines sharing a core are slower.
+#!   RADIXGATE_VLLM_ENGINE_ARGS_<i> more arguments for engine i alone, word-split
+#!                                  (e.g. RADIXGATE_VLLM_ENGINE_ARGS_0="--max-num-seqs 1").
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,11 +39,19 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib.sh"
 
 start() {
-    local dir="$1" k="$2" base="$3" size="${4:-tiny}"
+    local dir="$1" k="$2" base="$3" size="tiny"
+    shift 3
+    if [[ $# -gt 0 && "$1" != "--" ]]; then
+        size="$1"
+        shift
+    fi
+    [[ "${1:-}" == "--" ]] && shift
+    local common=("$@")
     mkdir -p "$dir"
     prepare_model "$size"
-    local ncpu
+    local ncpu cores=()
     ncpu="$(nproc)"
+    read -r -a cores <<<"${RADIXGATE_VLLM_CORES:-}"
     local mode="${RADIXGATE_VLLM_KV_MODE:-connect}"
     case "$mode" in
         connect | bind) ;;
@@ -55,7 +71,11 @@ start() {
             line="vllm-$i 127.0.0.1:$((base + i)) $endpoint"
         fi
         local kv="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"$endpoint\"$extra,\"topic\":\"kv\"}"
-        launch_engine "$dir" "engine-$i" $((base + i)) $((i % ncpu)) "$size" --kv-events-config "$kv"
+        local core=$((i % ncpu)) own_var="RADIXGATE_VLLM_ENGINE_ARGS_$i" own=()
+        [[ ${#cores[@]} -gt 0 ]] && core="${cores[$((i % ${#cores[@]}))]}"
+        read -r -a own <<<"${!own_var:-}"
+        launch_engine "$dir" "engine-$i" $((base + i)) "$core" "$size" --kv-events-config "$kv" \
+            ${common[@]+"${common[@]}"} ${own[@]+"${own[@]}"}
         lines+=("$line")
     done
     local deadline=$((SECONDS + ${RADIXGATE_VLLM_START_TIMEOUT:-900}))

@@ -11,6 +11,8 @@ prepare_model() {
     local size="$1"
     py="$("$here/install.sh" | tail -n1)"
     model="$cache/models/$size"
+    # A model already built (make_model.py's own marker) is reused without starting Python.
+    [[ -f "$model/.complete" ]] && return 0
     HF_HUB_OFFLINE=1 "$py" "$here/make_model.py" "$model" "$size" >/dev/null 2>&1 \
         || { echo "make_model.py failed" >&2; exit 1; }
 }

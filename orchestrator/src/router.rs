@@ -124,6 +124,8 @@ pub struct BackendState {
     pub prefill_progress_ns: u64,
     /// Learned prefill cost (0: the cost model's default).
     pub prefill_ns_per_token: u32,
+    /// Learned delay per request ahead (0: the cost model's default).
+    pub queue_ns_per_request: u32,
 }
 
 /// The fleet at the instant of a decision: which backends serve a model, and each
@@ -283,6 +285,9 @@ pub struct Decision {
     /// In-flight requests on the pick before this one (`u32::MAX` for a split leg,
     /// whose time is not a whole request's prefill and must not be learned from).
     pub in_flight_before: u32,
+    /// Prompt tokens the pick expected to prefill for the requests ahead of this one
+    /// ([`Candidate::pending_prefill_tokens`] at the decision).
+    pub pending_prefill_before: u32,
     /// Prompt tokens the pick is expected to prefill (its unmatched blocks): what to
     /// count in its pending prefill until the first response byte (0 for split legs).
     pub uncached_tokens: u32,
@@ -434,6 +439,7 @@ impl Router {
             pick,
             matched_blocks: chosen.matched_blocks,
             in_flight_before: chosen.in_flight,
+            pending_prefill_before: chosen.pending_prefill_tokens,
             uncached_tokens: uncached_tokens(
                 &self.config,
                 facts.blocks.len(),
@@ -542,6 +548,7 @@ impl Router {
                 },
                 matched_blocks: matched,
                 in_flight_before: u32::MAX,
+                pending_prefill_before: 0,
                 uncached_tokens: 0,
                 probe: fleet.breaker(backend) == BreakerState::HalfOpen,
                 alternatives,
@@ -691,6 +698,7 @@ impl Filter<'_> {
                     pending_prefill_tokens: state.pending_prefill_tokens,
                     prefill_progress_ns: state.prefill_progress_ns,
                     prefill_ns_per_token: state.prefill_ns_per_token,
+                    queue_ns_per_request: state.queue_ns_per_request,
                     session_home: self.session_home == Some(b),
                     uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
                     cache_free_blocks: free_blocks(&replica.index, b),

@@ -23,6 +23,7 @@ use crate::http::io::{peer_closed, read_append};
 use crate::http::response::Utf8Vec;
 use crate::http::response::{parse_response_head, ResponseHead};
 use crate::http::BodyFraming;
+use crate::learned::Sample;
 use crate::metrics::RequestKey;
 use crate::observe::UsageScanner;
 use crate::openai::RequestFacts;
@@ -33,15 +34,6 @@ use monoio::time::Instant;
 use radixgate_orchestrator::Decision;
 use std::fmt::Write as _;
 use std::rc::Rc;
-
-/// Prefill cost is learned only from responses with at least this many uncached
-/// prompt tokens (shorter ones are dominated by fixed overheads).
-const MIN_LEARN_TOKENS: u64 = 64;
-
-/// Exponentially weighted moving average with weight 1/5 on the new sample.
-fn ewma(old: u32, sample: u32) -> u32 {
-    ((old as u64 * 4 + sample as u64) / 5) as u32
-}
 
 pub(super) enum Failure {
     /// Nothing reached the client and another backend may take the request: a
@@ -648,15 +640,13 @@ impl Exchange<'_> {
         m.reported_cached[backend] += reported;
         m.prediction_abs_error[backend] += predicted.abs_diff(reported);
         drop(m);
-        // Learn prefill cost only from requests that did not queue behind others.
-        if let (Some(ttft), Some(prompt), 0) = (ttft, u.prompt_tokens, route.in_flight_before) {
-            let uncached = prompt.saturating_sub(reported);
-            if uncached >= MIN_LEARN_TOKENS && self.status == 200 {
-                let sample = (ttft.as_nanos() as u64 / uncached).min(u32::MAX as u64) as u32;
-                let mut learned = shard.prefill_ns.borrow_mut();
-                let old = learned[backend];
-                learned[backend] = if old == 0 { sample } else { ewma(old, sample) };
-            }
+        if let (Some(ttft), Some(prompt), 200) = (ttft, u.prompt_tokens, self.status) {
+            shard.learned.borrow_mut()[backend].learn(Sample {
+                ttft_ns: ttft.as_nanos().min(u64::MAX as u128) as u64,
+                uncached_tokens: prompt.saturating_sub(reported),
+                in_flight_before: route.in_flight_before,
+                pending_prefill_before: route.pending_prefill_before,
+            });
         }
     }
 }

@@ -8,6 +8,7 @@
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::{FleetSnapshot, InFlight};
 use crate::http::request::RequestHead;
+use crate::learned::LearnedCost;
 use crate::openai::RequestFacts;
 use crate::pending_prefill::PendingPrefill;
 use crate::replica::{IndexEvent, IndexOp, Origin};
@@ -40,7 +41,7 @@ pub struct ShardFleet<'a> {
     pub snapshot: &'a FleetSnapshot,
     pub in_flight: &'a InFlight,
     pub pending_prefill: &'a PendingPrefill,
-    pub prefill_ns: &'a [u32],
+    pub learned: &'a [LearnedCost],
     pub probes: &'a [u32],
     pub now: Instant,
 }
@@ -62,6 +63,7 @@ impl FleetView for ShardFleet<'_> {
         let snapshot = self.snapshot;
         let config = snapshot.live.backends.config(b);
         let engine = snapshot.engine[b];
+        let learned = self.learned.get(b).copied().unwrap_or_default();
         BackendState {
             role: config.role,
             capabilities: config.capabilities,
@@ -75,7 +77,8 @@ impl FleetView for ShardFleet<'_> {
             engine_kv_usage: engine.map_or(0.0, |e| e.kv_usage),
             pending_prefill_tokens: self.pending_prefill.tokens(b),
             prefill_progress_ns: self.pending_prefill.progress_ns(b, self.now),
-            prefill_ns_per_token: self.prefill_ns.get(b).copied().unwrap_or(0),
+            prefill_ns_per_token: learned.prefill_ns_per_token,
+            queue_ns_per_request: learned.queue_ns_per_request,
         }
     }
 }
@@ -87,13 +90,13 @@ pub(super) fn with_fleet<T>(
     f: impl FnOnce(&ShardFleet<'_>) -> T,
 ) -> T {
     let snapshot = shard.fleet.borrow();
-    let prefill_ns = shard.prefill_ns.borrow();
+    let learned = shard.learned.borrow();
     let probes = shard.probes.borrow();
     f(&ShardFleet {
         snapshot: &snapshot,
         in_flight: &shard.shared.in_flight,
         pending_prefill: &shard.shared.pending_prefill,
-        prefill_ns: &prefill_ns,
+        learned: &learned,
         probes: &probes,
         now,
     })

@@ -39,6 +39,9 @@ pub struct Candidate {
     pub engine_waiting: u32,
     /// Learned prefill cost on this backend (0: use the policy's configured default).
     pub prefill_ns_per_token: u32,
+    /// Learned delay each request ahead adds on this backend beyond the prefill
+    /// queued there (0: use the policy's configured `queue_ns_per_request`).
+    pub queue_ns_per_request: u32,
     /// Prompt tokens the gateway sent this backend that it expects the engine still has
     /// to prefill: for each request without a first token yet, the uncached tokens the
     /// prefix index predicted when it was routed (0 when not tracked). The prefill work

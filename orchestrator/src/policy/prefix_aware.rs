@@ -36,7 +36,11 @@
 //! right, the queue would have answered by now): what is left is then unknown, and the
 //! credit is dropped rather than trusted (the queue counts whole again, never as idle
 //! while it still has not answered). The first is what a request
-//! ahead costs beyond its prefill (decode steps sharing the batch). The last,
+//! ahead costs beyond its prefill (decode steps sharing the batch): the configured
+//! `queue_ns_per_request`, or the backend's learned one when the gateway has learned
+//! it (`Candidate::queue_ns_per_request`; on a CPU engine a request ahead costs
+//! hundreds of milliseconds, not the default's 2.5 ms, and affinity must yield to a
+//! queue accordingly). The last,
 //! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
 //! charged to candidates whose match does not reach them ([`crate::media`]).
 //!
@@ -146,6 +150,10 @@ pub struct PrefixAwareConfig {
     /// Relative estimated-TTFT band treated as a tie (0.1: within 10% of the best).
     /// Negative, NaN or infinite values count as 0.
     pub hysteresis: f64,
+    /// Use each backend's learned delay per request ahead
+    /// ([`Candidate::queue_ns_per_request`]) where it has one; off, every backend
+    /// costs `queue_ns_per_request` (the ablation).
+    pub learned_queue_cost: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -157,6 +165,7 @@ impl Default for PrefixAwareConfig {
             min_match_blocks: 2,
             saturation_inflight: 64,
             hysteresis: 0.1,
+            learned_queue_cost: true,
         }
     }
 }
@@ -170,6 +179,7 @@ pub struct PrefixAware {
     saturation: u64,
     /// `1 + hysteresis`.
     band: f64,
+    learned_queue_cost: bool,
 }
 
 // === impl PrefixAware ===
@@ -184,6 +194,7 @@ impl PrefixAware {
             min_match_blocks: config.min_match_blocks.max(1),
             saturation: u64::from(config.saturation_inflight),
             band: 1.0 + non_negative(config.hysteresis),
+            learned_queue_cost: config.learned_queue_cost,
         }
     }
 
@@ -233,7 +244,11 @@ impl PrefixAware {
     /// terms of the estimate. This is what "least loaded" compares when the prompt's
     /// match is too short to matter.
     pub fn queue_ns(&self, candidate: &Candidate) -> f64 {
-        self.queue_ns_per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate)
+        let per_request = match candidate.queue_ns_per_request {
+            learned if learned > 0 && self.learned_queue_cost => f64::from(learned),
+            _ => self.queue_ns_per_request,
+        };
+        per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate)
     }
 
     /// The prefill still to do on this backend before a new request's, in ns: the

@@ -37,7 +37,7 @@ struct Draw {
     in_flight: [u32; BACKENDS],
     waiting: [u32; BACKENDS],
     pending: [u32; BACKENDS],
-    prefill_ns: [u32; BACKENDS],
+    learned: [LearnedCost; BACKENDS],
 }
 
 fn draw(rng: &mut fastrand::Rng) -> Draw {
@@ -48,7 +48,7 @@ fn draw(rng: &mut fastrand::Rng) -> Draw {
         in_flight: [0; BACKENDS],
         waiting: [0; BACKENDS],
         pending: [0; BACKENDS],
-        prefill_ns: [0; BACKENDS],
+        learned: [LearnedCost::default(); BACKENDS],
     };
     for b in 0..BACKENDS {
         d.healthy[b] = rng.u8(..10) != 0;
@@ -61,8 +61,13 @@ fn draw(rng: &mut fastrand::Rng) -> Draw {
         d.in_flight[b] = rng.u32(..12);
         d.waiting[b] = rng.u32(..4);
         d.pending[b] = if rng.bool() { rng.u32(..4000) } else { 0 };
-        d.prefill_ns[b] = if rng.bool() {
+        d.learned[b].prefill_ns_per_token = if rng.bool() {
             rng.u32(5_000..40_000)
+        } else {
+            0
+        };
+        d.learned[b].queue_ns_per_request = if rng.bool() {
+            rng.u32(1_000_000..400_000_000)
         } else {
             0
         };
@@ -123,7 +128,7 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
                 snapshot: &snapshot,
                 in_flight: &in_flight,
                 pending_prefill: &pending,
-                prefill_ns: &d.prefill_ns,
+                learned: &d.learned,
                 probes: &probes,
                 now,
             };
@@ -136,7 +141,8 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
                 state.engine_waiting = d.waiting[b];
                 state.pending_prefill_tokens = d.pending[b];
                 state.prefill_progress_ns = pending.progress_ns(b, now);
-                state.prefill_ns_per_token = d.prefill_ns[b];
+                state.prefill_ns_per_token = d.learned[b].prefill_ns_per_token;
+                state.queue_ns_per_request = d.learned[b].queue_ns_per_request;
                 assert_eq!(view.backend(b), *state, "backend {b}'s state");
             }
 

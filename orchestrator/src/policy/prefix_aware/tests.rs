@@ -66,8 +66,40 @@ fn default_config() {
             min_match_blocks: 2,
             saturation_inflight: 64,
             hysteresis: 0.1,
+            learned_queue_cost: true,
         }
     );
+}
+
+#[test]
+fn a_learned_queue_cost_makes_affinity_yield_to_a_queue() {
+    // A CPU engine: 1 ms per token to prefill, and a request ahead costs 150 ms.
+    let slow = |c: Candidate| Candidate {
+        prefill_ns_per_token: 1_000_000,
+        queue_ns_per_request: 150_000_000,
+        ..c
+    };
+    // The holder of 20 of 24 blocks has 3 requests ahead; an idle backend holds
+    // nothing. Holder: 3 × 150 ms + 4 blocks × 16 tok × 1 ms = 514 ms; idle:
+    // 24 × 16 × 1 ms = 384 ms.
+    let cands = [slow(c(0, 3, 20)), slow(c(1, 0, 0))];
+    let mut p = defaults();
+    assert_eq!(
+        pick(&mut p, &cands, 24),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // At the configured 5 ms a request, the same queue is worth staying for.
+    let mut fixed = PrefixAware::new(&PrefixAwareConfig {
+        learned_queue_cost: false,
+        ..base()
+    });
+    assert_eq!(
+        pick(&mut fixed, &cands, 24),
+        picked(0, Reason::LongestPrefix)
+    );
+    // One request ahead (150 + 64 = 214 ms) is worth staying for.
+    let cands = [slow(c(0, 1, 20)), slow(c(1, 0, 0))];
+    assert_eq!(pick(&mut p, &cands, 24), picked(0, Reason::LongestPrefix));
 }
 
 #[test]
