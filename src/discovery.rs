@@ -174,7 +174,15 @@ impl Context<'_> {
             }
             Err(error) => {
                 status.failures.fetch_add(1, Ordering::Relaxed);
-                if name.failures == 0 {
+                let never = NameStatus::get(&status.resolutions) == 0;
+                if name.failures == 0 && never {
+                    tracing::warn!(
+                        name = %config.name,
+                        %error,
+                        retry_ms = config.interval.as_millis() as u64,
+                        "discovery: the name does not resolve yet; no backends from it until it does"
+                    );
+                } else if name.failures == 0 {
                     tracing::warn!(
                         name = %config.name,
                         %error,
@@ -192,6 +200,7 @@ impl Context<'_> {
 
     /// Makes `found` the addresses in force: adds, undrains, drains.
     fn apply(&self, name: &mut Name, found: &BTreeSet<SocketAddr>) {
+        self.forget_removed(name);
         let plan = changes(&name.current, &name.draining, found);
         let config = &name.config;
         for addr in plan.undrain {
@@ -214,6 +223,32 @@ impl Context<'_> {
                 name.draining.insert(addr, Instant::now());
             }
         }
+    }
+
+    /// Forgets addresses whose backends were removed by someone else (the admin
+    /// API), so that the records, which are the truth here, add them again.
+    fn forget_removed(&self, name: &mut Name) {
+        if name.current.is_empty() {
+            return;
+        }
+        let Ok(backends) = ask(self.coordinator, AdminRequest::Backends) else {
+            return;
+        };
+        let live: BTreeSet<&str> = backends
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["id"].as_str())
+            .collect();
+        let config = &name.config;
+        name.current.retain(|addr| {
+            let id = backend_id(config, *addr);
+            let kept = live.contains(id.as_str());
+            if !kept {
+                tracing::info!(name = %config.name, backend = %id, "discovery: backend removed outside discovery; adding it again");
+            }
+            kept
+        });
     }
 
     /// Adds `addr`'s backend; false when the coordinator refused it (retried at the

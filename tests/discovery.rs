@@ -161,14 +161,20 @@ fn gateway(io: &str, discovery: &str) -> radixgate::Gateway {
     start_gateway(io, 2, &extra, &[])
 }
 
-/// The ids of the backends in force (`GET /admin/backends`).
-fn backends(gw: &radixgate::Gateway) -> BTreeSet<String> {
+fn admin(gw: &radixgate::Gateway, method: &str, path: &str) -> Response {
     let mut c = Client::connect(gw.admin_addr().expect("admin listens"));
     c.send(
-        format!("GET /admin/backends HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n")
-            .as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+        )
+        .as_bytes(),
     );
     c.read_response()
+}
+
+/// The ids of the backends in force (`GET /admin/backends`).
+fn backends(gw: &radixgate::Gateway) -> BTreeSet<String> {
+    admin(gw, "GET", "/admin/backends")
         .json()
         .as_array()
         .unwrap()
@@ -313,6 +319,18 @@ fn srv_records_changed_under_load(io: &str) {
             chat(&gw).header("x-router-backend") == Some(new_id.as_str())
         }),
         "the added backend takes no traffic"
+    );
+    // The records are the truth: a discovered backend removed through the admin
+    // API is added again at the next resolution.
+    let gone = format!("{name}@{}", addrs[1]);
+    assert_eq!(
+        admin(&gw, "DELETE", &format!("/admin/backends/{gone}")).status,
+        200
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || backends(&gw).contains(&gone)),
+        "{:?}",
+        backends(&gw)
     );
     let (served, failed) = load.finish();
     assert!(failed.is_empty(), "requests failed: {failed:?}");
