@@ -151,6 +151,12 @@ fn token_file() -> String {
 
 /// A gateway with no `[[backends]]`, only this `[[discovery]]` entry (TOML body).
 fn gateway(io: &str, discovery: &str) -> radixgate::Gateway {
+    let toml = config_toml(io, discovery);
+    let config = Config::from_toml(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    radixgate::Gateway::start(config).expect("gateway starts")
+}
+
+fn config_toml(io: &str, discovery: &str) -> String {
     let extra = format!(
         "[routing]\npolicy = \"round_robin\"\n[health]\ninterval_ms = 100\n\
          [admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
@@ -158,7 +164,7 @@ fn gateway(io: &str, discovery: &str) -> radixgate::Gateway {
          drain_timeout_ms = 5000\n{discovery}\n",
         token_file()
     );
-    start_gateway(io, 2, &extra, &[])
+    gateway_toml(io, 2, &extra, &[])
 }
 
 fn admin(gw: &radixgate::Gateway, method: &str, path: &str) -> Response {
@@ -351,13 +357,17 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
     let e3 = engine_at(io, &format!("127.0.0.3:{port}"));
     let dns = DnsServer::start();
     let name = "pool.engines.test";
-    let gw = gateway(
-        io,
-        &format!(
-            "name = \"{name}\"\nport = {port}\nresolver = \"{}\"",
-            dns.addr
+    let file = temp_file(
+        &format!("discovery-a-{io}.toml"),
+        &config_toml(
+            io,
+            &format!(
+                "name = \"{name}\"\nport = {port}\nresolver = \"{}\"",
+                dns.addr
+            ),
         ),
     );
+    let gw = start_gateway_file(&file);
     // Never resolved: the gateway runs with no backend for it and keeps trying.
     assert!(eventually(Duration::from_secs(10), || {
         scrape(&gw, "radixgate_discovery_failures_total", name) >= 2.0
@@ -376,6 +386,14 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
     );
     let both = ids(name, &[e2.addr(), e3.addr()]);
     wait_for_backends(&gw, &both);
+    // A reload of the file (which lists no [[backends]]) leaves them be.
+    let reloaded = admin(&gw, "POST", "/admin/reload");
+    assert_eq!(reloaded.status, 200, "{}", reloaded.text());
+    assert_eq!(
+        reloaded.json()["backends"]["removed"],
+        serde_json::json!([])
+    );
+    assert_eq!(backends(&gw), both);
     // NXDOMAIN: counted, and the last good set stands.
     let before = scrape(&gw, "radixgate_discovery_failures_total", name);
     let load = Load::start(gw.local_addr());
@@ -389,6 +407,7 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
     assert!(failed.is_empty(), "requests failed: {failed:?}");
     assert!(served > 0);
     drop(gw);
+    std::fs::remove_file(&file).ok();
     e2.stop();
     e3.stop();
 }
