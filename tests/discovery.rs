@@ -2,8 +2,11 @@
 //! resolver reaching a simulated engine; a small authoritative DNS server on a
 //! loopback UDP port (its messages built by hickory-proto) serving A and SRV
 //! records, changed under load (an address added, one removed: added, drained and
-//! removed with no request lost); a name that stops resolving (NXDOMAIN) keeps the
-//! last good set and is counted; and a bad name is a config error naming the key.
+//! removed with no request lost); a vanished address with a request in flight is
+//! drained until it finishes, or removed at `drain_timeout_ms` with the request
+//! still finishing; a name that stops resolving (NXDOMAIN) keeps the last good set
+//! and is counted; a reload leaves discovered backends be; and a bad name is a
+//! config error naming the key.
 
 mod common;
 
@@ -161,7 +164,7 @@ fn config_toml(io: &str, discovery: &str) -> String {
         "[routing]\npolicy = \"round_robin\"\n[health]\ninterval_ms = 100\n\
          [admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n\
          [[discovery]]\nmodels = [\"sim\"]\ninterval_ms = 200\nmin_interval_ms = 50\n\
-         drain_timeout_ms = 5000\n{discovery}\n",
+         {discovery}\n",
         token_file()
     );
     gateway_toml(io, 2, &extra, &[])
@@ -257,6 +260,16 @@ impl Load {
         let failed = self.failed.lock().unwrap().clone();
         (self.served.load(Ordering::Relaxed), failed)
     }
+}
+
+/// An engine that answers every completion after `delay`.
+fn engine_at_with(io: &str, addr: &str, delay: Duration) -> EngineHandle {
+    let config = EngineConfig {
+        fixed_response: true,
+        fixed_delay: delay,
+        ..EngineConfig::instant("sim")
+    };
+    engine_sim::start(config, addr.parse().unwrap(), driver(io)).expect("engine starts")
 }
 
 fn engine_at(io: &str, addr: &str) -> EngineHandle {
@@ -412,6 +425,75 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
     e3.stop();
 }
 both_drivers!(a_records_from_nothing_to_nxdomain);
+
+/// `drain_timeout_ms`, and whether the request in flight outlives it.
+fn vanished_address_drains(io: &str, drain_timeout_ms: u64) {
+    let slow = engine_at_with(io, "127.0.0.1:0", Duration::from_millis(1500));
+    let fast = start_engine(io, EngineConfig::instant("sim"));
+    let dns = DnsServer::start();
+    let name = "_http._tcp.drain.test";
+    dns.set("slow.drain.test", vec![a(Ipv4Addr::LOCALHOST)]);
+    dns.set("fast.drain.test", vec![a(Ipv4Addr::LOCALHOST)]);
+    dns.set(name, vec![srv(slow.addr().port(), "slow.drain.test")]);
+    let gw = gateway(
+        io,
+        &format!(
+            "name = \"{name}\"\nsrv = true\nresolver = \"{}\"\ndrain_timeout_ms = {drain_timeout_ms}",
+            dns.addr
+        ),
+    );
+    let slow_id = format!("{name}@{}", slow.addr());
+    wait_for_backends(&gw, &ids(name, &[slow.addr()]));
+    // A request in flight on the slow engine when its record vanishes.
+    let addr = gw.local_addr();
+    let running = std::thread::spawn(move || {
+        Client::connect(addr).post("/v1/chat/completions", &chat_body("slow", false), &[])
+    });
+    let backend = |id: &str| {
+        admin(&gw, "GET", "/admin/backends")
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["id"] == id)
+            .cloned()
+    };
+    assert!(eventually(Duration::from_secs(5), || {
+        backend(&slow_id).is_some_and(|b| b["in_flight"] == 1)
+    }));
+    dns.set(name, vec![srv(fast.addr().port(), "fast.drain.test")]);
+    let fast_id = format!("{name}@{}", fast.addr());
+    assert!(eventually(Duration::from_secs(5), || backend(&fast_id).is_some()));
+    if drain_timeout_ms > 1500 {
+        // Drained, not removed, while its request runs; new requests go elsewhere.
+        let b = backend(&slow_id).expect("still there while its request runs");
+        assert_eq!(b["draining"], true, "{b}");
+        assert_eq!(scrape(&gw, "radixgate_discovery_draining", name), 1.0);
+        let r = chat(&gw);
+        assert_eq!(r.header("x-router-backend"), Some(fast_id.as_str()));
+    } else {
+        // Past the drain timeout it is removed with the request still running.
+        assert!(eventually(Duration::from_secs(5), || backend(&slow_id).is_none()));
+        assert!(!running.is_finished());
+    }
+    // Either way the request in flight finishes, and the backend goes.
+    let r = running.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-router-backend"), Some(slow_id.as_str()));
+    wait_for_backends(&gw, &ids(name, &[fast.addr()]));
+    assert_eq!(scrape(&gw, "radixgate_discovery_draining", name), 0.0);
+    drop(gw);
+}
+
+fn vanished_address_drains_then_goes(io: &str) {
+    vanished_address_drains(io, 30_000);
+}
+both_drivers!(vanished_address_drains_then_goes);
+
+fn drain_timeout_removes_with_requests_running(io: &str) {
+    vanished_address_drains(io, 200);
+}
+both_drivers!(drain_timeout_removes_with_requests_running);
 
 #[test]
 fn bad_discovery_entries_are_config_errors_naming_the_key() {
