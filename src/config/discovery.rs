@@ -36,8 +36,8 @@ pub(super) struct DiscoveryWire {
     /// before it is removed even with requests still running.
     #[serde(default = "default_drain_timeout_ms")]
     drain_timeout_ms: u64,
-    /// The DNS server to ask, `IP:PORT` (UDP); unset: the system's
-    /// `/etc/resolv.conf` (and `/etc/hosts`).
+    /// The DNS server to ask, `IP:PORT` (UDP; TCP for a truncated answer); unset:
+    /// the system's `/etc/resolv.conf` (and `/etc/hosts`).
     #[serde(default)]
     resolver: Option<String>,
     /// Model names every discovered backend serves.

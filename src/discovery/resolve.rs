@@ -37,7 +37,8 @@ pub struct NameResolver {
 }
 
 impl NameResolver {
-    /// A resolver for `config`: its `resolver` server (UDP), or the system's
+    /// A resolver for `config`: its `resolver` server (UDP, TCP for a truncated
+    /// answer), or the system's
     /// `/etc/resolv.conf` and `/etc/hosts`. Must run inside `runtime`.
     pub fn new(
         config: &DiscoveryConfig,
@@ -47,9 +48,13 @@ impl NameResolver {
         let provider = TokioRuntimeProvider::default();
         let mut builder = match config.resolver {
             Some(server) => {
+                // UDP first; TCP when an answer comes back truncated (many SRV
+                // records).
                 let mut udp = ConnectionConfig::udp();
                 udp.port = server.port();
-                let ns = NameServerConfig::new(server.ip(), true, vec![udp]);
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = server.port();
+                let ns = NameServerConfig::new(server.ip(), true, vec![udp, tcp]);
                 let mut builder = TokioResolver::builder_with_config(
                     ResolverConfig::from_name_servers(vec![ns]),
                     provider,
