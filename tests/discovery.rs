@@ -386,7 +386,9 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
         scrape(&gw, "radixgate_discovery_failures_total", name) >= 2.0
     }));
     assert!(backends(&gw).is_empty());
-    assert_ne!(chat(&gw).status, 200);
+    let r = chat(&gw);
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.error_param_code().1, "model_not_found");
     dns.set(name, vec![a(Ipv4Addr::new(127, 0, 0, 2))]);
     wait_for_backends(&gw, &ids(name, &[e2.addr()]));
     assert_eq!(chat(&gw).status, 200);
