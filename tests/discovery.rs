@@ -389,9 +389,11 @@ fn a_records_from_nothing_to_nxdomain(io: &str) {
     let r = chat(&gw);
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(r.error_param_code().1, "model_not_found");
+    assert_eq!(Client::connect(gw.local_addr()).get("/ready").status, 503);
     dns.set(name, vec![a(Ipv4Addr::new(127, 0, 0, 2))]);
     wait_for_backends(&gw, &ids(name, &[e2.addr()]));
     assert_eq!(chat(&gw).status, 200);
+    assert_eq!(Client::connect(gw.local_addr()).get("/ready").status, 200);
     dns.set(
         name,
         vec![
