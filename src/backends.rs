@@ -252,6 +252,7 @@ pub(crate) mod tests {
             role: Default::default(),
             bootstrap_port: None,
             file: serde_json::Value::Null,
+            discovered: None,
         }
     }
 

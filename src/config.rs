@@ -11,6 +11,7 @@ mod admission;
 mod capacity;
 mod cluster;
 mod disagg;
+mod discovery;
 pub mod keys;
 mod traces;
 mod workflows;
@@ -20,6 +21,7 @@ pub use traces::TracesConfig;
 pub use admission::{AdmissionConfig, TierConfig};
 pub use capacity::CapacityConfig;
 pub use disagg::{check_backend as check_backend_role, DisaggConfig, Protocol, Role, SplitModels};
+pub use discovery::{DiscoveryConfig, Lookup as DiscoveryLookup};
 use radixgate_orchestrator::PolicyName;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -71,6 +73,9 @@ struct ConfigFile {
     capacity: capacity::CapacityWire,
     #[serde(default)]
     backends: Vec<BackendWire>,
+    /// `[[discovery]]`: backends found by resolving a DNS name.
+    #[serde(default)]
+    discovery: Vec<discovery::DiscoveryWire>,
     /// `[models.<name>]`: per-model settings (today: `disagg`, a split pool).
     #[serde(default)]
     models: std::collections::BTreeMap<String, disagg::ModelWire>,
@@ -680,6 +685,9 @@ pub struct BackendConfig {
     /// This entry's keys as given (defaults filled in), for reload's diff and
     /// `GET /admin/config`; names `api_key_env`, never the key.
     pub file: serde_json::Value,
+    /// The `[[discovery]]` name that found it; `None` for a configured or
+    /// admin-added backend (a reload leaves discovered ones to discovery).
+    pub discovered: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -704,6 +712,8 @@ pub struct Config {
     pub capacity: CapacityConfig,
     pub tenants: Vec<TenantConfig>,
     pub backends: Vec<BackendConfig>,
+    /// DNS names whose addresses become backends (the discovery thread's work).
+    pub discovery: Vec<DiscoveryConfig>,
     /// Models served by split prefill/decode pools (`[models.<name>.disagg]`).
     pub split_models: SplitModels,
     /// The file this config was loaded from (what a reload re-reads); `None` when it
@@ -880,6 +890,7 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
         cache_blocks: b.cache_blocks,
         kv_events,
         capabilities,
+        discovered: None,
         upstream_auth: b.api_key_env.and_then(|var| match std::env::var(&var) {
             Ok(key) => Some(format!("Authorization: Bearer {}\r\n", key.trim())),
             Err(_) => {
@@ -1200,9 +1211,11 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             .then(|| Duration::from_millis(h.scrape_interval_ms)),
     };
 
-    if wire.backends.is_empty() {
-        errors.push("backends: at least one [[backends]] entry is required".into());
+    if wire.backends.is_empty() && wire.discovery.is_empty() {
+        errors
+            .push("backends: at least one [[backends]] or [[discovery]] entry is required".into());
     }
+    let discovery = discovery::validate(wire.discovery, errors);
     let mut backends = Vec::with_capacity(wire.backends.len());
     for (i, b) in wire.backends.into_iter().enumerate() {
         if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
@@ -1214,8 +1227,22 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     for (i, b) in backends.iter().enumerate() {
         disagg::check_backend(b, &split_models, &format!("backends[{i}]"), errors);
     }
-    if !backends.is_empty() {
-        disagg::check_pools(&split_models, &backends, errors);
+    for (i, d) in discovery.iter().enumerate() {
+        disagg::check_backend(
+            &d.template,
+            &split_models,
+            &format!("discovery[{i}]"),
+            errors,
+        );
+    }
+    if !backends.is_empty() || !discovery.is_empty() {
+        // Discovered backends count as their entry's template.
+        let all: Vec<BackendConfig> = backends
+            .iter()
+            .cloned()
+            .chain(discovery.iter().map(|d| d.template.clone()))
+            .collect();
+        disagg::check_pools(&split_models, &all, errors);
     }
     let rw = wire.retry;
     let max_attempts = NonZeroU32::new(rw.max_attempts).unwrap_or_else(|| {
@@ -1354,6 +1381,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         capacity: capacity::validate(wire.capacity, errors),
         tenants,
         backends,
+        discovery,
         split_models,
         source: None,
         file: serde_json::Value::Null,

@@ -70,6 +70,8 @@ pub struct Shared {
     pub cluster: Option<Arc<crate::status::ClusterStatus>>,
     /// The capacity signal's latest report (the capacity thread writes it).
     pub capacity: Arc<crate::status::capacity::CapacityStatus>,
+    /// Per `[[discovery]]` name, what the discovery thread found (it writes them).
+    pub discovery: Arc<crate::status::discovery::DiscoveryStatus>,
 }
 
 impl Shared {
@@ -105,6 +107,9 @@ impl Shared {
             spans: None,
             cluster: None,
             capacity: Arc::default(),
+            discovery: Arc::new(crate::status::discovery::DiscoveryStatus::new(
+                config.discovery.iter().map(|d| d.name.as_str()),
+            )),
             span_counters: Default::default(),
             replica_sent: ReplicaSent::new(shard_commands.len()),
             coordinator_received: AtomicU64::new(0),

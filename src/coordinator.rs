@@ -376,6 +376,7 @@ impl Coordinator {
             "capabilities": cfg.capabilities.names().collect::<Vec<_>>(),
             "role": cfg.role.as_str(),
             "bootstrap_port": cfg.bootstrap_port,
+            "discovered": cfg.discovered,
             "healthy": self.healthy[b],
             "breaker": self.breakers[b].state().as_str(),
             "in_flight": in_flight,

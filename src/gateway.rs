@@ -304,6 +304,14 @@ impl Gateway {
                     .spawn(move || crate::capacity::run(shared, coordinator, stop))?,
             );
         }
+        if !shared.config.discovery.is_empty() {
+            let (shared, coordinator, stop) = (shared.clone(), admin_tx.clone(), stop_rx.clone());
+            control_threads.push(
+                std::thread::Builder::new()
+                    .name("radixgate-discovery".into())
+                    .spawn(move || crate::discovery::run(shared, coordinator, stop))?,
+            );
+        }
         let health_handle = std::thread::Builder::new()
             .name("radixgate-health".into())
             .spawn(move || {

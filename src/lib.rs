@@ -20,6 +20,7 @@ pub mod config;
 pub mod control;
 pub mod coordinator;
 pub mod demo;
+pub mod discovery;
 pub mod engine_metrics;
 pub mod engine_sim;
 pub mod error;

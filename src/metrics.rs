@@ -9,6 +9,7 @@ mod families;
 
 mod capacity;
 mod disagg;
+mod discovery;
 
 pub use disagg::DisaggMetrics;
 
@@ -264,6 +265,8 @@ pub struct Gauges<'a> {
     pub peer_pending_prefill_tokens: &'a [u32],
     /// The capacity signal's last report, once there is one.
     pub capacity: Option<&'a crate::status::capacity::CapacityReport>,
+    /// Per `[[discovery]]` name, the discovery thread's counters.
+    pub discovery: &'a [crate::status::discovery::NameStatus],
 }
 
 impl Gauges<'_> {
@@ -748,6 +751,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     if let Some(report) = g.capacity {
         capacity::render(&mut out, report);
     }
+    discovery::render(&mut out, g.discovery);
     if let Some(c) = g.cluster {
         render_cluster(&mut out, c, g);
     }
@@ -803,6 +807,7 @@ mod tests {
                 peer_in_flight: &[],
                 peer_pending_prefill_tokens: &[],
                 capacity: None,
+                discovery: &[],
             },
         );
         assert!(text.contains(

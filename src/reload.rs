@@ -88,6 +88,8 @@ fn keep_restart_only(config: &mut Config, running: &Config, running_backends: &[
     config.traces = running.traces.clone();
     config.cluster = running.cluster.clone();
     config.tenant_prefix_isolation = running.tenant_prefix_isolation;
+    // The discovery thread started with its entries; they change on restart.
+    config.discovery = running.discovery.clone();
     for b in &mut config.backends {
         let kv_events = running_backends
             .iter()

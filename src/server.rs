@@ -522,6 +522,7 @@ async fn scrape(shard: &Shard) -> String {
             peer_in_flight: &peer_in_flight,
             peer_pending_prefill_tokens: &peer_pending_prefill_tokens,
             capacity: capacity.as_deref(),
+            discovery: &shared.discovery.names,
         },
     )
 }

@@ -2,12 +2,14 @@
 //! threads report ([`ClusterStatus`]), read by `/metrics` and `/admin/cluster`.
 //!
 //! [`capacity`] holds the capacity signal's latest report (the capacity thread
-//! writes it; `/metrics` and `/admin/capacity` read it).
+//! writes it; `/metrics` and `/admin/capacity` read it). [`discovery`] holds the
+//! DNS discovery thread's counters per name (`/metrics` reads them).
 //!
 //! It sits below both its writers (`crate::cluster`) and its readers
 //! (`crate::metrics`, the admin API), so neither reaches into the other.
 
 pub mod capacity;
+pub mod discovery;
 
 use crate::config::ClusterConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

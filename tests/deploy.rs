@@ -167,6 +167,7 @@ fn kubernetes_manifests_have_the_expected_kinds() {
         "hpa.yaml",
         "bus.yaml",
         "engines-autoscale.yaml",
+        "discovery.yaml",
     ] {
         for doc in yaml_docs(&format!("k8s/{file}")) {
             let kind = doc["kind"]
@@ -233,6 +234,39 @@ fn every_config_example_passes_check_config() {
         .as_str()
         .expect("radixgate.toml key");
     let path = std::env::temp_dir().join(format!("radixgate-k8s-{}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    check_config(&path);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn kubernetes_discovery_names_a_headless_service() {
+    let docs = yaml_docs("k8s/discovery.yaml");
+    let service = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Service"))
+        .expect("a Service");
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    let name = service["metadata"]["name"].as_str().unwrap();
+    let port = service["spec"]["ports"][0]["port"].as_i64().unwrap();
+    let cm = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("ConfigMap"))
+        .expect("a ConfigMap");
+    let toml = cm["data"]["radixgate.toml"]
+        .as_str()
+        .expect("radixgate.toml key");
+    let config = radixgate::config::Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}"));
+    let d = &config.discovery[0];
+    assert!(d.name.starts_with(&format!("{name}.")), "{}", d.name);
+    assert_eq!(
+        d.lookup,
+        radixgate::config::DiscoveryLookup::Address { port: port as u16 }
+    );
+    let path = std::env::temp_dir().join(format!(
+        "radixgate-k8s-discovery-{}.toml",
+        std::process::id()
+    ));
     std::fs::write(&path, toml).unwrap();
     check_config(&path);
     let _ = std::fs::remove_file(&path);

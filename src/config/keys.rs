@@ -3,7 +3,7 @@
 //! running); and the key trees that reload diffs and `GET /admin/config` shows.
 //!
 //! A key is its path in the file: `routing.prefix_aware.hysteresis`. Entries of
-//! `[[backends]]` are named by `id` and `[[tenants]]` by `name`, so a config's tree
+//! `[[backends]]` are named by `id`, `[[tenants]]` and `[[discovery]]` by `name`, so a config's tree
 //! (see [`keyed`]) holds `backends.b0.url` and `tenants.acme.requests_per_sec`, and
 //! `[tiers.<name>]` and `[models.<name>]` keep their names: `*` in [`KEYS`] stands
 //! for any one such name. A name that is not a bare key is quoted as in TOML:
@@ -196,6 +196,22 @@ pub const KEYS: &[Key] = &[
     live("backends.*.capabilities"),
     live("backends.*.role"),
     live("backends.*.bootstrap_port"),
+    // DNS discovery: each entry's resolver and schedule live on the discovery
+    // thread, which starts once; its backends come and go with the records.
+    restart("discovery.*"),
+    restart("discovery.*.name"),
+    restart("discovery.*.port"),
+    restart("discovery.*.srv"),
+    restart("discovery.*.interval_ms"),
+    restart("discovery.*.min_interval_ms"),
+    restart("discovery.*.drain_timeout_ms"),
+    restart("discovery.*.resolver"),
+    restart("discovery.*.models"),
+    restart("discovery.*.api_key_env"),
+    restart("discovery.*.cache_blocks"),
+    restart("discovery.*.capabilities"),
+    restart("discovery.*.role"),
+    restart("discovery.*.bootstrap_port"),
     live("models.*"),
     live("models.*.disagg"),
     live("models.*.disagg.protocol"),
@@ -211,7 +227,11 @@ pub const KEYS: &[Key] = &[
 ];
 
 /// Top-level arrays of tables, and the member that names each entry in the tree.
-const NAMED_ENTRIES: [(&str, &str); 2] = [("backends", "id"), ("tenants", "name")];
+const NAMED_ENTRIES: [(&str, &str); 3] = [
+    ("backends", "id"),
+    ("tenants", "name"),
+    ("discovery", "name"),
+];
 
 fn matches(pattern: &str, path: &[String]) -> bool {
     let mut segments = pattern.split('.');

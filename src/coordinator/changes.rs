@@ -71,13 +71,21 @@ impl Coordinator {
     /// the url changed), live settings are swapped, restart-only keys are reported
     /// and left as they are. Everything reaches the shards as one snapshot.
     pub(super) fn on_reload(&mut self, new: Config) -> Result<Value, GatewayError> {
-        let running: Vec<&BackendConfig> = self.live.backends.live().map(|(_, b)| b).collect();
+        // Discovered backends are discovery's: the file neither lists nor removes them.
+        let running: Vec<&BackendConfig> = self
+            .live
+            .backends
+            .live()
+            .map(|(_, b)| b)
+            .filter(|b| b.discovered.is_none())
+            .collect();
         let plan = reload::plan(&self.live.config, &running, &new);
         let new = &plan.config;
         let mut table = self.live.backends.clone();
         let old = &self.live.backends;
         let removed: Vec<usize> = old
             .live()
+            .filter(|(_, b)| b.discovered.is_none())
             .filter(|(_, b)| !new.backends.iter().any(|n| n.id == b.id))
             .map(|(slot, _)| slot)
             .collect();

@@ -97,6 +97,11 @@ fn full(files: &Files) -> Config {
         models = ["split"]
         role = "prefill"
         bootstrap_port = 8998
+        [[discovery]]
+        name = "engines.test"
+        port = 8000
+        resolver = "127.0.0.1:5353"
+        models = ["m"]
         "#,
         tokenizer = files.path("tokenizer.json"),
         token = files.path("token"),
@@ -199,12 +204,32 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
         "backends.*.role" => vec![json!("both"), json!("decode")],
         "models.*.disagg.protocol" => vec![json!("sglang")],
         "models.*.disagg.mode" => vec![json!("always")],
+        "discovery.*.resolver" => vec![json!("127.0.0.1:5354")],
+        "discovery.*.models" => vec![json!(["m2"])],
+        "discovery.*.api_key_env" => vec![json!("PATH")],
+        "discovery.*.capabilities" => vec![json!(["text", "image"])],
         _ => vec![],
     }
 }
 
 /// Keys no single change can exercise here, and why.
-const UNCHANGEABLE: [(&str, &str); 9] = [
+const UNCHANGEABLE: [(&str, &str); 13] = [
+    (
+        "discovery.*.name",
+        "names the entry: a new name is an entry removed and one added",
+    ),
+    (
+        "discovery.*.srv",
+        "excludes port, which the full config sets",
+    ),
+    (
+        "discovery.*.role",
+        "its model `m` is served whole: another role needs a split model",
+    ),
+    (
+        "discovery.*.bootstrap_port",
+        "only a prefill entry takes one (the entry serves whole)",
+    ),
     (
         "backends.*.id",
         "names the entry: a new id is a backend removed and one added",
