@@ -206,7 +206,8 @@ struct RealArgs {
     concurrency: Vec<usize>,
     /// Policies (X-Router-Policy values), comma-separated; `prefix_aware_precise` is
     /// prefix_aware on a second gateway in precise mode (tokenizer, chat template and
-    /// the engines' KV events).
+    /// the engines' KV events); `prefix_aware_fixed_queue` is prefix_aware on a gateway
+    /// that does not learn the delay per request ahead (the ablation).
     #[arg(
         long,
         value_delimiter = ',',

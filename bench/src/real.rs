@@ -78,6 +78,39 @@ pub struct RealConfig {
 
 /// The policy name that selects the precise-mode gateway.
 pub const PRECISE: &str = "prefix_aware_precise";
+/// The policy name that selects prefix_aware on a gateway that does not use learned
+/// queue costs (`routing.prefix_aware.learn_queue_cost = false`): the ablation.
+pub const FIXED_QUEUE: &str = "prefix_aware_fixed_queue";
+
+/// How a gateway in front of the fleet is configured.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bytes,
+    /// Precise mode: the model's tokenizer and chat template, 128-token blocks, the
+    /// engines' KV events.
+    Precise,
+    /// Bytes mode with the fixed per-request queue cost.
+    FixedQueue,
+}
+
+impl Variant {
+    /// The gateway a policy name runs on, and the `X-Router-Policy` it sends.
+    fn of(policy: &str) -> (Variant, &str) {
+        match policy {
+            PRECISE => (Variant::Precise, "prefix_aware"),
+            FIXED_QUEUE => (Variant::FixedQueue, "prefix_aware"),
+            other => (Variant::Bytes, other),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Bytes => "bytes",
+            Variant::Precise => "precise",
+            Variant::FixedQueue => "fixed-queue",
+        }
+    }
+}
 
 /// One measured run.
 pub struct Row {
@@ -152,18 +185,16 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
         )
     ));
     let block_bytes = (cfg.block_tokens as f64 * cfg.bytes_per_token).round() as usize;
-    let gateway = Gateway::start(cfg, &fleet, false)?;
-    let target = Target::parse(&format!("http://{}/v1/chat/completions", gateway.addr))?;
-    // `prefix_aware_precise` runs prefix_aware on a second gateway in precise mode,
-    // subscribed to the engines' KV events.
-    let precise = match cfg.policies.iter().any(|p| p == PRECISE) {
-        true => Some(Gateway::start(cfg, &fleet, true)?),
-        false => None,
-    };
-    let precise_target = precise
-        .as_ref()
-        .map(|g| Target::parse(&format!("http://{}/v1/chat/completions", g.addr)))
-        .transpose()?;
+    // One gateway per variant the policies need, each over the same engines.
+    let mut gateways: Vec<(Variant, Gateway, Target)> = Vec::new();
+    for policy in &cfg.policies {
+        let (variant, _) = Variant::of(policy);
+        if gateways.iter().all(|(v, _, _)| *v != variant) {
+            let gateway = Gateway::start(cfg, &fleet, variant)?;
+            let target = Target::parse(&format!("http://{}/v1/chat/completions", gateway.addr))?;
+            gateways.push((variant, gateway, target));
+        }
+    }
     let mut rows = Vec::new();
     let mut run_seed = cfg.seed.wrapping_mul(1000);
     for &kind in &cfg.workloads {
@@ -184,18 +215,18 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     conversations: cfg.conversations,
                     turns: cfg.turns,
                 });
+                let (variant, header) = Variant::of(policy);
+                let target = gateways
+                    .iter()
+                    .find(|(v, _, _)| *v == variant)
+                    .map(|(_, _, t)| t.clone())
+                    .expect("a gateway per variant");
                 let load_cfg = LoadConfig {
-                    target: match (policy.as_str(), &precise_target) {
-                        (PRECISE, Some(t)) => t.clone(),
-                        _ => target.clone(),
-                    },
+                    target,
                     concurrency,
                     requests: Some(cfg.requests),
                     duration: None,
-                    headers: vec![(
-                        "X-Router-Policy".into(),
-                        policy.replace(PRECISE, "prefix_aware"),
-                    )],
+                    headers: vec![("X-Router-Policy".into(), header.to_string())],
                     timeout: Duration::from_secs(300),
                     rate: None,
                     seed: 1,
@@ -401,9 +432,9 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// The radixgate binary over the fleet; `precise`: precise mode (the model's
-    /// tokenizer and chat template, 128-token blocks, the engines' KV events).
-    fn start(cfg: &RealConfig, fleet: &Fleet, precise: bool) -> Result<Gateway, String> {
+    /// The radixgate binary over the fleet, configured as `variant` says.
+    fn start(cfg: &RealConfig, fleet: &Fleet, variant: Variant) -> Result<Gateway, String> {
+        let precise = variant == Variant::Precise;
         let addr = free_addr()?;
         let mut toml = format!(
             "[server]\nlisten = \"{addr}\"\nshards = 1\n\n[routing]\npolicy = \"prefix_aware\"\n\
@@ -424,6 +455,9 @@ impl Gateway {
                 cfg.model
             );
         }
+        if variant == Variant::FixedQueue {
+            toml.push_str("\n[routing.prefix_aware]\nlearn_queue_cost = false\n");
+        }
         toml.push_str(
             "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n\n[log]\naccess = false\n",
         );
@@ -440,7 +474,7 @@ impl Gateway {
         let config = std::env::temp_dir().join(format!(
             "radixgate-bench-real-{}-{}.toml",
             std::process::id(),
-            if precise { "precise" } else { "bytes" }
+            variant.name()
         ));
         std::fs::write(&config, toml)
             .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
