@@ -34,6 +34,7 @@ pub mod real;
 pub mod replay;
 pub mod report;
 pub mod sim;
+pub mod tail;
 pub mod trace;
 pub mod wire_cost;
 pub mod workload;

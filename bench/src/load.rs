@@ -46,6 +46,26 @@ pub struct LoadConfig {
     pub rate: Option<f64>,
     /// Seeds the arrival gaps.
     pub seed: u64,
+    /// Keep one [`Trace`] per request in [`RunResult::traces`].
+    pub trace: bool,
+}
+
+/// One request as the client saw it, for finding where a tail comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    /// The request's number in the workload.
+    pub request: u64,
+    /// When it was sent, from the start of the run.
+    pub sent: Duration,
+    /// HTTP status, 0 for a transport error.
+    pub status: u16,
+    pub backend: Option<String>,
+    pub reason: Option<String>,
+    pub ttft: Duration,
+    /// Sent to the last response byte.
+    pub total: Duration,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
 }
 
 pub struct RunResult {
@@ -54,6 +74,8 @@ pub struct RunResult {
     /// Open loop: the most a request started after its arrival time (every thread
     /// was busy); zero when closed loop.
     pub max_late: Duration,
+    /// With [`LoadConfig::trace`]: every request, in the order they were sent.
+    pub traces: Vec<Trace>,
 }
 
 /// Poisson arrival times, handed out in order to whichever thread asks.
@@ -112,17 +134,23 @@ pub fn run(cfg: &LoadConfig, workload: &Workload) -> std::io::Result<RunResult> 
                 .name(format!("radixgate-bench-conn-{k}"))
                 .stack_size(256 * 1024)
                 .spawn_scoped(scope, move || {
-                    worker(cfg, workload, next, deadline, arrivals)
+                    worker(cfg, workload, next, (start, deadline), arrivals)
                 })?;
             handles.push(handle);
         }
         let mut total = Stats::default();
+        let mut traces = Vec::new();
         for h in handles {
-            total.merge(&h.join().expect("a connection thread panicked"));
+            let (stats, mut t) = h.join().expect("a connection thread panicked");
+            total.merge(&stats);
+            traces.append(&mut t);
         }
-        Ok::<_, std::io::Error>(total)
+        traces.sort_by_key(|t: &Trace| t.sent);
+        Ok::<_, std::io::Error>((total, traces))
     })?;
+    let (stats, traces) = stats;
     Ok(RunResult {
+        traces,
         stats,
         elapsed: start.elapsed(),
         max_late: Duration::from_micros(
@@ -135,9 +163,9 @@ fn worker(
     cfg: &LoadConfig,
     workload: &Workload,
     next: &AtomicU64,
-    deadline: Option<Instant>,
+    (start, deadline): (Instant, Option<Instant>),
     arrivals: Option<&Arrivals>,
-) -> Stats {
+) -> (Stats, Vec<Trace>) {
     let mut client = Client::new(
         cfg.target.clone(),
         &cfg.headers,
@@ -145,6 +173,7 @@ fn worker(
         cfg.timeout,
     );
     let mut stats = Stats::default();
+    let mut traces = Vec::new();
     let mut connect_failures = 0;
     loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -163,12 +192,39 @@ fn worker(
             arrivals.wait_until(at);
         }
         let body = workload.body(i);
+        let sent = start.elapsed();
         match client.send(&body) {
             Ok(exchange) => {
                 connect_failures = 0;
                 stats.record(&exchange);
+                if cfg.trace {
+                    traces.push(Trace {
+                        request: i,
+                        sent,
+                        status: exchange.status,
+                        backend: exchange.backend,
+                        reason: exchange.reason,
+                        ttft: exchange.ttft,
+                        total: exchange.total,
+                        prompt_tokens: exchange.usage.map(|u| u.prompt_tokens),
+                        cached_tokens: exchange.usage.map(|u| u.cached_tokens),
+                    });
+                }
             }
             Err(e) => {
+                if cfg.trace {
+                    traces.push(Trace {
+                        request: i,
+                        sent,
+                        status: 0,
+                        backend: None,
+                        reason: None,
+                        ttft: start.elapsed() - sent,
+                        total: start.elapsed() - sent,
+                        prompt_tokens: None,
+                        cached_tokens: None,
+                    });
+                }
                 stats.record_error(e.kind());
                 if matches!(e, HttpError::Connect(_)) {
                     connect_failures += 1;
@@ -182,7 +238,7 @@ fn worker(
             }
         }
     }
-    stats
+    (stats, traces)
 }
 
 #[cfg(test)]
@@ -293,6 +349,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             rate: None,
             seed: 1,
+            trace: false,
         };
         let workload = Workload::new(WorkloadConfig {
             kind: Kind::Docs,
@@ -333,6 +390,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             rate: None,
             seed: 1,
+            trace: false,
         };
         let r = run(&cfg, &Workload::new(WorkloadConfig::default())).unwrap();
         assert_eq!(r.stats.ok, 9);
@@ -373,6 +431,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             rate: None,
             seed: 1,
+            trace: false,
         };
         let r = run(&cfg, &Workload::new(WorkloadConfig::default())).unwrap();
         assert_eq!(r.stats.workers_gave_up, 2);
@@ -421,6 +480,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             rate: Some(500.0),
             seed: 3,
+            trace: false,
         };
         let r = run(&cfg, &Workload::new(WorkloadConfig::default())).unwrap();
         assert_eq!(r.stats.ok + r.stats.failed(), 30);

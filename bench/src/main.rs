@@ -265,8 +265,9 @@ struct RealArgs {
     /// The engines' KV block in tokens (vLLM's CPU backend: 128), for the ceiling.
     #[arg(long, default_value_t = 128)]
     block_tokens: usize,
-    /// Also write the Markdown tables to this file, and SVG plots (hit rate, TTFT CDF,
-    /// load per backend per workload and concurrency) next to it.
+    /// Also write the Markdown tables to this file, and next to it SVG plots (hit
+    /// rate, TTFT CDF, load per backend per workload and concurrency) and each run's
+    /// per-request traces as CSV.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -695,6 +696,10 @@ fn real_command(args: RealArgs) -> ExitCode {
         // Plots go next to the table file, linked under it.
         let dir = path.parent().unwrap_or(std::path::Path::new("."));
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("real");
+        if let Err(e) = real::write_traces(&rows, dir, stem) {
+            eprintln!("error: cannot write traces: {e}");
+            return ExitCode::FAILURE;
+        }
         match real::write_plots(&rows, dir, stem) {
             Ok(links) => table.push_str(&links),
             Err(e) => {
@@ -884,6 +889,7 @@ fn load_command(args: LoadArgs) -> ExitCode {
         timeout: Duration::from_secs(args.timeout_secs.max(1)),
         rate: args.rate,
         seed: args.seed,
+        trace: false,
     };
     if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
         eprintln!("error: --rate must be a positive number of requests per second");

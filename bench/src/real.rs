@@ -125,6 +125,8 @@ pub struct Row {
     /// Share of the requests sent whose TTFT met the SLO (failures miss).
     pub goodput: f64,
     pub elapsed: Duration,
+    /// Every request of the run, in the order sent.
+    pub traces: Vec<crate::load::Trace>,
 }
 
 impl Row {
@@ -136,6 +138,22 @@ impl Row {
             n => stats.ttft.count_between(0, slo_ms * 1000) as f64 / n as f64,
         }
     }
+}
+
+/// Writes each run's per-request traces into `dir` as
+/// `<stem>-<workload>-c<conc>-<policy>.csv` ([`crate::tail::to_csv`]).
+pub fn write_traces(rows: &[Row], dir: &std::path::Path, stem: &str) -> std::io::Result<()> {
+    for r in rows {
+        let name = crate::plots::slug(&format!(
+            "{stem} {} c{} {}",
+            r.workload, r.concurrency, r.policy
+        ));
+        std::fs::write(
+            dir.join(format!("{name}.csv")),
+            crate::tail::to_csv(&r.traces),
+        )?;
+    }
+    Ok(())
 }
 
 /// Writes the plots of each (workload, concurrency) group into `dir` as
@@ -230,6 +248,7 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     timeout: Duration::from_secs(300),
                     rate: None,
                     seed: 1,
+                    trace: true,
                 };
                 let before = fleet.prefix_cache_counters();
                 let result = load::run(&load_cfg, &workload).map_err(|e| e.to_string())?;
@@ -249,8 +268,10 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     engine_hit_rate,
                     ceiling_hit_rate,
                     elapsed: result.elapsed,
+                    traces: result.traces,
                 };
                 progress(&row_line(&row));
+                progress(&format!("  {}", crate::tail::summary(&row.traces)));
                 rows.push(row);
             }
         }
