@@ -19,7 +19,7 @@ pub fn summary(traces: &[Trace]) -> String {
     }
     // The slowest 5% (at least one).
     let mut by_ttft = ok.clone();
-    by_ttft.sort_by(|a, b| b.ttft.cmp(&a.ttft));
+    by_ttft.sort_by_key(|t| std::cmp::Reverse(t.ttft));
     let tail = &by_ttft[..ok.len().div_ceil(20)];
     let p95 = tail.last().map_or(Duration::ZERO, |t| t.ttft);
     let ahead = |t: &Trace| outstanding_at_send(traces, t) as f64;
