@@ -59,7 +59,8 @@ impl LearnedCost {
                 let own_and_queued = u64::from(self.prefill_ns_per_token)
                     * (s.uncached_tokens + u64::from(s.pending_prefill_before));
                 let sample = clamp(s.ttft_ns.saturating_sub(own_and_queued) / u64::from(ahead));
-                self.queue_ns_per_request = ewma(self.queue_ns_per_request, sample);
+                // At least 1 ns: learned to be free is not "not learned" (0).
+                self.queue_ns_per_request = ewma(self.queue_ns_per_request, sample).max(1);
             }
             // Without a prefill rate the excess cannot be told apart.
             _ => {}
@@ -109,6 +110,14 @@ mod tests {
         // A faster wait than the prefill alone learns 0 per request, averaged in.
         l.learn(sample(100, 500, 1, 0));
         assert_eq!(l.queue_ns_per_request, 120_000_000);
+        // An engine where requests ahead cost nothing beyond their prefill is
+        // learned as (nearly) free, never as unknown.
+        let mut free = LearnedCost {
+            prefill_ns_per_token: 1_000_000,
+            ..LearnedCost::default()
+        };
+        free.learn(sample(500, 500, 3, 0));
+        assert_eq!(free.queue_ns_per_request, 1);
     }
 
     #[test]
