@@ -64,7 +64,7 @@ const STOP_CHECK: Duration = Duration::from_millis(25);
 
 /// Blocks until `listener` has a connection to accept or `timeout` passes. The
 /// thread used to sleep `timeout` between accept attempts instead, so every admin
-/// request that found it idle waited up to 25 ms before being read (issue 22's
+/// request that found it idle waited up to 25 ms before being read (the probe's
 /// "admin latency"); `poll` wakes as the connection arrives.
 fn wait_for_connection(listener: &TcpListener, timeout: Duration) {
     use std::os::fd::AsRawFd;

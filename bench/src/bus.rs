@@ -1,5 +1,5 @@
 //! `radixgate-bench bus`: the cluster bus candidates measured with the client crates
-//! the product would use (issue 18, item 1; the results are in docs/cluster.md).
+//! the product would use (the results are in docs/cluster.md).
 //!
 //! Each cell runs one transport at one offered event rate, inside this process:
 //!

@@ -1,4 +1,4 @@
-//! Cluster mode (issue 18): replicas of one fleet sharing routing state over a bus
+//! Cluster mode: replicas of one fleet sharing routing state over a bus
 //! (Redis or Valkey; docs/cluster.md has the measurements behind the choice).
 //!
 //! Two threads per replica, off the shards, each with its own bus connection:
