@@ -12,20 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const TOKEN: &str = "test-admin-token-0123456789";
-
-/// Written once per process: tests run in parallel, and a rewrite would let a
-/// reload read it half-written.
-fn token_file() -> String {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        temp_file("admin-token", &format!("{TOKEN}\n"))
-            .display()
-            .to_string()
-    })
-    .clone()
-}
-
 fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Response {
     admin_with_body(addr, method, path, token, "")
 }

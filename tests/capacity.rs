@@ -16,19 +16,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-const TOKEN: &str = "capacity-admin-token-0123456789";
-
-/// Written once per process (both drivers' tests read it).
-fn token_file() -> String {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        temp_file("capacity-token", &format!("{TOKEN}\n"))
-            .display()
-            .to_string()
-    })
-    .clone()
-}
-
 fn admin(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Response {
     let mut c = Client::connect(addr);
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));

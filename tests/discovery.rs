@@ -22,8 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const TOKEN: &str = "discovery-admin-token-0123456789";
-
 // === a test DNS server ===
 
 /// Records by lower-case absolute name; a name not held is NXDOMAIN.
@@ -141,16 +139,6 @@ fn srv(port: u16, target: &str) -> RData {
 }
 
 // === the gateway side ===
-
-fn token_file() -> String {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        temp_file("discovery-token", &format!("{TOKEN}\n"))
-            .display()
-            .to_string()
-    })
-    .clone()
-}
 
 /// A gateway with no `[[backends]]`, only this `[[discovery]]` entry (TOML body).
 fn gateway(io: &str, discovery: &str) -> radixgate::Gateway {

@@ -84,6 +84,23 @@ pub fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
     path
 }
 
+/// The admin API token the tests configure ([`token_file`]).
+#[allow(dead_code)] // not every test binary has an admin API
+pub const TOKEN: &str = "test-admin-token-0123456789";
+
+/// A file holding [`TOKEN`], for `admin.token_file`. Written once per process: tests
+/// run in parallel, and a rewrite would let a reload read it half-written.
+#[allow(dead_code)] // not every test binary has an admin API
+pub fn token_file() -> String {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        temp_file("admin-token", &format!("{TOKEN}\n"))
+            .display()
+            .to_string()
+    })
+    .clone()
+}
+
 /// Starts a gateway from a config file (so it can reload it).
 pub fn start_gateway_file(path: &std::path::Path) -> Gateway {
     let config = Config::load(path).unwrap_or_else(|e| panic!("bad test config: {e}"));
