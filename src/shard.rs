@@ -51,13 +51,8 @@ pub struct Shard {
     pub tokens: Option<RefCell<TokenHasher>>,
     /// Requests admitted but waiting for a backend with room (`admission.queue_capacity`).
     pub edge_queue: EdgeQueue,
-    /// Learned costs per backend ([`crate::learned`]).
-    pub learned: RefCell<Vec<crate::learned::LearnedCost>>,
-    /// Requests this shard has in flight to each half-open backend (its probes).
-    pub probes: RefCell<Vec<u32>>,
-    /// Whether this shard's last request to each backend failed (so the first
-    /// success after failures is reported to the breaker).
-    pub last_failed: RefCell<Vec<bool>>,
+    /// What this shard alone knows about each backend, by backend slot.
+    pub per_backend: RefCell<Vec<PerBackend>>,
     pub retry_budget: RefCell<RetryBudget>,
     /// Spare I/O buffers, so requests stop allocating once the shard is warm.
     pub buffers: RefCell<Vec<Vec<u8>>>,
@@ -67,6 +62,18 @@ pub struct Shard {
     pub active_requests: Cell<usize>,
     /// Stopping: finish the requests in flight, keep no connection alive.
     pub draining: Cell<bool>,
+}
+
+/// What one shard knows about one backend that no other shard needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PerBackend {
+    /// Its speed, learned from this shard's requests ([`crate::learned`]).
+    pub learned: crate::learned::LearnedCost,
+    /// This shard's requests in flight to it while it is half-open (its probes).
+    pub probes: u32,
+    /// Whether this shard's last request to it failed (so the first success after
+    /// failures is reported to the breaker).
+    pub last_failed: bool,
 }
 
 impl Shard {
@@ -107,9 +114,7 @@ impl Shard {
             hasher: RefCell::new(hasher),
             tokens,
             edge_queue: EdgeQueue::new(c.admission.queue_capacity),
-            learned: RefCell::new(vec![crate::learned::LearnedCost::default(); backends]),
-            probes: RefCell::new(vec![0; backends]),
-            last_failed: RefCell::new(vec![false; backends]),
+            per_backend: RefCell::new(vec![PerBackend::default(); backends]),
             retry_budget: RefCell::new(RetryBudget::new(
                 c.retry.budget_ratio,
                 c.retry.min_retries_per_sec,
@@ -153,7 +158,8 @@ impl Shard {
     /// always reported; successes only when they end a failure streak seen here or the
     /// breaker is not closed (so healthy traffic costs the coordinator nothing).
     pub fn report_outcome(&self, backend: usize, ok: bool) {
-        let was_failing = std::mem::replace(&mut self.last_failed.borrow_mut()[backend], !ok);
+        let was_failing =
+            std::mem::replace(&mut self.per_backend.borrow_mut()[backend].last_failed, !ok);
         let breaker_closed =
             self.fleet.borrow().breaker[backend] == radixgate_orchestrator::BreakerState::Closed;
         if !ok || was_failing || !breaker_closed {
@@ -190,11 +196,9 @@ impl Shard {
         }
         let (before, after) = (&*old.live, &*snapshot.live);
         let slots = after.backends.len();
-        self.learned
+        self.per_backend
             .borrow_mut()
-            .resize(slots, crate::learned::LearnedCost::default());
-        self.probes.borrow_mut().resize(slots, 0);
-        self.last_failed.borrow_mut().resize(slots, false);
+            .resize(slots, PerBackend::default());
         self.metrics
             .borrow_mut()
             .resize(after.backends.models().names().len(), slots);
@@ -237,7 +241,12 @@ impl Shard {
                     let mut copy = self.metrics.borrow().clone();
                     copy.shard = self.id;
                     copy.replica_blocks = self.replica.borrow().index.total_blocks() as u64;
-                    copy.learned = self.learned.borrow().clone();
+                    copy.learned = self
+                        .per_backend
+                        .borrow()
+                        .iter()
+                        .map(|b| b.learned)
+                        .collect();
                     copy.queue_depth = self.edge_queue.len() as u64;
                     copy.open_connections = self.conns.len() as u64;
                     copy.active_requests = self.active_requests.get() as u64;

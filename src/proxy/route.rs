@@ -8,11 +8,10 @@
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::{FleetSnapshot, InFlight};
 use crate::http::request::RequestHead;
-use crate::learned::LearnedCost;
 use crate::openai::RequestFacts;
 use crate::pending_prefill::PendingPrefill;
 use crate::replica::{IndexEvent, IndexOp, Origin};
-use crate::shard::Shard;
+use crate::shard::{PerBackend, Shard};
 use radixgate_orchestrator::{
     AdapterIdx, BackendIdx, BackendState, BreakerState, Decision, FleetView, ModelIdx, PolicyName,
     RouteError, RoutingFacts,
@@ -35,14 +34,13 @@ pub(super) fn policy_for(shard: &Shard, head: &RequestHead) -> Result<PolicyName
 
 /// The fleet as this shard sees it at one instant: the coordinator's snapshot
 /// (health, breaker, drain, engine load, the backend table), the cross-shard
-/// in-flight and pending-prefill counters, and the shard's own learned prefill
-/// rates and half-open probes.
+/// in-flight and pending-prefill counters, and the shard's own learned costs and
+/// half-open probes ([`PerBackend`]).
 pub struct ShardFleet<'a> {
     pub snapshot: &'a FleetSnapshot,
     pub in_flight: &'a InFlight,
     pub pending_prefill: &'a PendingPrefill,
-    pub learned: &'a [LearnedCost],
-    pub probes: &'a [u32],
+    pub per_backend: &'a [PerBackend],
     pub now: Instant,
 }
 
@@ -63,22 +61,22 @@ impl FleetView for ShardFleet<'_> {
         let snapshot = self.snapshot;
         let config = snapshot.live.backends.config(b);
         let engine = snapshot.engine[b];
-        let learned = self.learned.get(b).copied().unwrap_or_default();
+        let local = self.per_backend.get(b).copied().unwrap_or_default();
         BackendState {
             role: config.role,
             capabilities: config.capabilities,
             healthy: snapshot.healthy[b],
             breaker: snapshot.breaker[b],
             draining: snapshot.draining[b],
-            probes_in_flight: self.probes.get(b).copied().unwrap_or(0),
+            probes_in_flight: local.probes,
             in_flight: self.in_flight.total(b),
             engine_waiting: engine.map_or(0, |e| e.waiting),
             engine_running: engine.map_or(0, |e| e.running),
             engine_kv_usage: engine.map_or(0.0, |e| e.kv_usage),
             pending_prefill_tokens: self.pending_prefill.tokens(b),
             prefill_progress_ns: self.pending_prefill.progress_ns(b, self.now),
-            prefill_ns_per_token: learned.prefill_ns_per_token,
-            queue_ns_per_request: learned.queue_ns_per_request,
+            prefill_ns_per_token: local.learned.prefill_ns_per_token,
+            queue_ns_per_request: local.learned.queue_ns_per_request,
         }
     }
 }
@@ -90,14 +88,12 @@ pub(super) fn with_fleet<T>(
     f: impl FnOnce(&ShardFleet<'_>) -> T,
 ) -> T {
     let snapshot = shard.fleet.borrow();
-    let learned = shard.learned.borrow();
-    let probes = shard.probes.borrow();
+    let per_backend = shard.per_backend.borrow();
     f(&ShardFleet {
         snapshot: &snapshot,
         in_flight: &shard.shared.in_flight,
         pending_prefill: &shard.shared.pending_prefill,
-        learned: &learned,
-        probes: &probes,
+        per_backend: &per_backend,
         now,
     })
 }
@@ -225,7 +221,7 @@ pub(super) struct ProbeGuard<'s> {
 impl<'s> ProbeGuard<'s> {
     pub fn enter(shard: &'s Shard, decision: &Decision) -> Option<Self> {
         decision.probe.then(|| {
-            shard.probes.borrow_mut()[decision.pick.backend] += 1;
+            shard.per_backend.borrow_mut()[decision.pick.backend].probes += 1;
             ProbeGuard {
                 shard,
                 backend: decision.pick.backend,
@@ -236,8 +232,9 @@ impl<'s> ProbeGuard<'s> {
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        let mut probes = self.shard.probes.borrow_mut();
-        probes[self.backend] = probes[self.backend].saturating_sub(1);
+        let mut per_backend = self.shard.per_backend.borrow_mut();
+        let probes = &mut per_backend[self.backend].probes;
+        *probes = probes.saturating_sub(1);
     }
 }
 

@@ -9,6 +9,7 @@
 use super::*;
 use crate::backends::LiveConfig;
 use crate::config::Config;
+use crate::learned::LearnedCost;
 use crate::openai::{BodyParser, Endpoint};
 use crate::replica::new_replica;
 use radixgate_bench::sim::workload::{build, DocsConfig, MultiturnConfig, WorkloadSpec};
@@ -123,13 +124,15 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
                     guards.push(pending.enter(0, b, d.pending[b], now));
                 }
             }
-            let probes = [0u32; BACKENDS];
+            let per_backend = d.learned.map(|learned| PerBackend {
+                learned,
+                ..PerBackend::default()
+            });
             let view = ShardFleet {
                 snapshot: &snapshot,
                 in_flight: &in_flight,
                 pending_prefill: &pending,
-                learned: &d.learned,
-                probes: &probes,
+                per_backend: &per_backend,
                 now,
             };
             // The simulator's view of the same fleet.
