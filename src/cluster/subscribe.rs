@@ -18,7 +18,9 @@
 //!
 //! **Warm start.** Each time it joins (at start, and again after an outage) the
 //! thread is subscribed before it asks, so it misses nothing published after: once
-//! it has heard a peer since joining, it publishes a `SnapshotRequest` with a fresh nonce; every
+//! it has heard a peer since joining, it publishes a `SnapshotRequest` with a fresh nonce
+//! (again every two report intervals until a snapshot is stored: a peer's publisher
+//! can be back on the bus before its subscriber); every
 //! warm peer asks its coordinator for the authoritative index and session bindings
 //! and stores them, as one wire batch, under the nonce's key (`SET NX`, so one copy
 //! is kept, expiring after 30 s). The joiner loads the first copy it finds, with
@@ -79,7 +81,8 @@ struct Subscriber {
 
 struct Warming {
     since: Instant,
-    asked: Option<u64>,
+    /// The roll call's nonce, and when it was last published.
+    asked: Option<(u64, Instant)>,
     /// How long to listen for a peer before concluding there is none.
     roll_call: Duration,
 }
@@ -496,10 +499,18 @@ impl Subscriber {
         };
         let (since, asked, roll_call) = (w.since, w.asked, w.roll_call);
         let waited = since.elapsed();
+        // A peer's publisher can be back on the bus before its subscriber: a roll
+        // call it missed is published again (same nonce: one stored copy).
+        let again = 2 * self.config.report_interval;
+        let asked = match asked {
+            Some((nonce, at)) if at.elapsed() >= again => Err(nonce),
+            Some((nonce, _)) => Ok(Some(nonce)),
+            None => Ok(None),
+        };
         match asked {
             // Heard since this join: a peer remembered from before an outage
             // may not be subscribed yet, and would miss the request.
-            None if !self.peers.heard_since(since) => {
+            Ok(None) if !self.peers.heard_since(since) => {
                 if waited >= roll_call {
                     self.warmed(
                         since,
@@ -507,8 +518,8 @@ impl Subscriber {
                     );
                 }
             }
-            None => {
-                let nonce = fastrand::u64(..);
+            Ok(None) | Err(_) => {
+                let nonce = asked.err().unwrap_or_else(|| fastrand::u64(..));
                 let request = wire::encode(&self.header(0), &[Op::SnapshotRequest { nonce }]);
                 let channel = super::channel(&self.config);
                 let sent = self.commands().map(|c| {
@@ -520,13 +531,13 @@ impl Subscriber {
                 match sent {
                     Some(Ok(_)) => {
                         if let Some(w) = &mut self.warming {
-                            w.asked = Some(nonce);
+                            w.asked = Some((nonce, Instant::now()));
                         }
                     }
                     _ => self.commands = None,
                 }
             }
-            Some(nonce) => {
+            Ok(Some(nonce)) => {
                 let key = super::snapshot_key(&self.config, nonce);
                 let got = self
                     .commands()
