@@ -13,6 +13,7 @@ mod admit;
 pub mod call;
 mod disagg;
 mod exchange;
+mod migrate;
 mod route;
 mod wire;
 
@@ -49,6 +50,7 @@ const MAX_ATTEMPTS: usize = 8;
 struct Request<'a> {
     head: &'a RequestHead,
     request_id: &'a str,
+    endpoint: Endpoint,
     facts: RequestFacts,
     policy: PolicyName,
     tenant: Option<usize>,
@@ -124,6 +126,7 @@ pub async fn forward(
     let request = Request {
         head,
         request_id,
+        endpoint,
         facts: prompt.facts,
         policy,
         tenant,
@@ -502,9 +505,11 @@ async fn attempt_all(
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
     let started = req.started;
     let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
-    let max_attempts = {
-        let fleet = shard.fleet.borrow();
-        (fleet.live.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS)
+    let (max_attempts, migrate_streams) = {
+        let retry = &shard.fleet.borrow().live.config.retry;
+        let max_attempts = (retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
+        let migrate = retry.migrate_streams && retry.max_stream_migrations > 0 && facts.stream;
+        (max_attempts, migrate)
     };
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
     // One clock reading for the retry budget's deposit and the first route; a retry
@@ -582,7 +587,7 @@ async fn attempt_all(
         // A retry routes the same prompt: keep its blocks before the attempt's awaits
         // let other requests reuse the shard's scratch (routing copied them only if it
         // inserted them).
-        if retry_possible && carried.is_none() {
+        if (retry_possible || migrate_streams) && carried.is_none() {
             carried = Some(match &route.inserted {
                 Some(b) => b.clone(),
                 None => (*shard.prompt_blocks()).into(),
@@ -620,6 +625,7 @@ async fn attempt_all(
             status: 0,
             retry_from_status: 500,
             first_byte_timeout: None,
+            collect: migrate_streams.then(|| migrate::StreamText::new(req.endpoint)),
         };
         let result = exchange
             .run(
@@ -681,6 +687,24 @@ async fn attempt_all(
                 exchange.record(facts, &route);
                 log(shard, req, &route, &exchange, attempt);
                 return Ok((keep_open, exchange.usage.usage));
+            }
+            Err(Failure::StreamCut { keep_client }) => {
+                shard.report_outcome(backend, false);
+                exchange.record(facts, &route);
+                let mut excluded = excluded[..attempt - 1].to_vec();
+                excluded.push(backend);
+                let cut = migrate::Cut {
+                    text: exchange.collect.take().expect("a cut stream was watched"),
+                    failed: backend,
+                    excluded,
+                    blocks: carried.clone().expect("kept for a migration"),
+                    session,
+                    keep_client,
+                    attempts: attempt,
+                };
+                let resumed = migrate::resume(shard, client, req, body, cut).await;
+                log(shard, req, &route, &exchange, attempt);
+                return Ok(resumed);
             }
         }
     }
