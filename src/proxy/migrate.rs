@@ -155,7 +155,7 @@ impl Seen {
 fn other_index(data: &[u8]) -> bool {
     memmem::find_iter(data, b"\"index\":").any(|at| {
         let rest = &data[at + 8..];
-        !(rest.first() == Some(&b'0') && !rest.get(1).is_some_and(u8::is_ascii_digit))
+        rest.first() != Some(&b'0') || rest.get(1).is_some_and(u8::is_ascii_digit)
     })
 }
 
