@@ -78,20 +78,49 @@ fn fleet(io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
     (engines, gw)
 }
 
-fn request(stream: bool) -> String {
-    let options = if stream {
-        r#","stream":true,"stream_options":{"include_usage":true}"#
-    } else {
-        ""
-    };
-    format!(
-        r#"{{"model":"sim","max_tokens":{TOKENS}{options},"messages":[{{"role":"user","content":"tell me a long story about engines that die"}}]}}"#
-    )
+/// The streaming endpoints.
+#[derive(Clone, Copy)]
+enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+
+    fn request(self, stream: bool) -> String {
+        let options = if stream {
+            r#","stream":true,"stream_options":{"include_usage":true}"#
+        } else {
+            ""
+        };
+        match self {
+            Api::Chat => format!(
+                r#"{{"model":"sim","max_tokens":{TOKENS}{options},"messages":[{{"role":"user","content":"tell me a long story about engines that die"}}]}}"#
+            ),
+            Api::Completions => format!(
+                r#"{{"model":"sim","max_tokens":{TOKENS}{options},"prompt":"Once upon a time there was an engine that died.\n"}}"#
+            ),
+        }
+    }
+
+    /// An event's text.
+    fn text(self, v: &serde_json::Value) -> Option<&str> {
+        match self {
+            Api::Chat => v["choices"][0]["delta"]["content"].as_str(),
+            Api::Completions => v["choices"][0]["text"].as_str(),
+        }
+    }
 }
 
 /// What the client read of one stream.
-#[derive(Default)]
 struct Read {
+    api: Api,
     backend: String,
     /// Each `data:` event's payload, in order.
     data: Vec<String>,
@@ -106,26 +135,11 @@ impl Read {
             .collect()
     }
 
-    fn text(&self) -> String {
+    fn texts(&self) -> Vec<String> {
         self.events()
             .iter()
-            .filter_map(|v| {
-                v["choices"][0]["delta"]["content"]
-                    .as_str()
-                    .map(String::from)
-            })
+            .filter_map(|v| self.api.text(v).filter(|t| !t.is_empty()).map(String::from))
             .collect()
-    }
-
-    fn content_events(&self) -> usize {
-        self.events()
-            .iter()
-            .filter(|v| {
-                v["choices"][0]["delta"]["content"]
-                    .as_str()
-                    .is_some_and(|c| !c.is_empty())
-            })
-            .count()
     }
 
     fn dones(&self) -> usize {
@@ -133,11 +147,11 @@ impl Read {
     }
 }
 
-/// Streams the test request, calling `at_event(n, backend)` after the `n`th content
-/// event (the backend the gateway named in its head).
-fn stream(addr: std::net::SocketAddr, mut at_event: impl FnMut(usize, &str)) -> Read {
+/// Streams the test request, calling `at_event(n, backend)` after the `n`th event
+/// with text (the backend the gateway named in its head).
+fn stream(addr: std::net::SocketAddr, api: Api, mut at_event: impl FnMut(usize, &str)) -> Read {
     let mut c = Client::connect(addr);
-    c.send(&post_bytes("/v1/chat/completions", &request(true), &[]));
+    c.send(&post_bytes(api.path(), &api.request(true), &[]));
     let (status, headers) = c.read_head();
     assert_eq!(status, 200);
     let backend = headers
@@ -146,10 +160,11 @@ fn stream(addr: std::net::SocketAddr, mut at_event: impl FnMut(usize, &str)) -> 
         .map(|(_, v)| v.clone())
         .expect("the backend is named");
     let mut read = Read {
+        api,
         backend,
-        ..Read::default()
+        data: Vec::new(),
     };
-    let mut content = 0;
+    let mut texts = 0;
     let mut pending = String::new();
     loop {
         let chunk = c.read_chunk();
@@ -160,12 +175,11 @@ fn stream(addr: std::net::SocketAddr, mut at_event: impl FnMut(usize, &str)) -> 
         while let Some(end) = pending.find("\n\n") {
             let event: String = pending.drain(..end + 2).collect();
             let data = event.trim().strip_prefix("data: ").unwrap_or(event.trim());
-            if data.contains("\"content\":\"") && !data.contains("\"content\":\"\"") {
-                content += 1;
-                read.data.push(data.to_string());
-                at_event(content, &read.backend);
-            } else {
-                read.data.push(data.to_string());
+            read.data.push(data.to_string());
+            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+            if api.text(&v).is_some_and(|t| !t.is_empty()) {
+                texts += 1;
+                at_event(texts, &read.backend);
             }
         }
     }
@@ -191,10 +205,25 @@ fn metrics(addr: std::net::SocketAddr) -> String {
 }
 
 fn killed_engine_mid_stream_is_continued_on_the_other(io: &str) {
+    continued_on_the_other(io, Api::Chat);
+}
+both_drivers!(killed_engine_mid_stream_is_continued_on_the_other);
+
+fn killed_engine_mid_completion_is_continued_on_the_other(io: &str) {
+    continued_on_the_other(io, Api::Completions);
+}
+both_drivers!(killed_engine_mid_completion_is_continued_on_the_other);
+
+fn continued_on_the_other(io: &str, api: Api) {
     let (mut engines, gw) = fleet(io, "migrate_streams = true");
     let addr = gw.local_addr();
+    // One answer first (round robin: on the engine that will continue the stream),
+    // so the two engines number their answers differently and the rewritten `id`
+    // shows.
+    let warm = Client::connect(addr).post(api.path(), &api.request(false), &[]);
+    assert_eq!(warm.status, 200, "{}", warm.text());
     let mut killed = None;
-    let read = stream(addr, |n, backend| {
+    let read = stream(addr, api, |n, backend| {
         if n == 10 {
             let i = index_of(backend);
             engines[i].kill();
@@ -202,17 +231,13 @@ fn killed_engine_mid_stream_is_continued_on_the_other(io: &str) {
         }
     });
     let dead = killed.expect("the engine was killed");
-    let text = read.text();
-    let first = read
-        .events()
-        .iter()
-        .find_map(|v| {
-            let c = v["choices"][0]["delta"]["content"].as_str()?;
-            (!c.is_empty()).then(|| c.to_string())
-        })
-        .expect("some text");
-    assert_eq!(text, uninterrupted(&first), "the client's text is intact");
-    assert_eq!(read.content_events(), TOKENS, "no token twice, none lost");
+    let texts = read.texts();
+    assert_eq!(
+        texts.concat(),
+        uninterrupted(&texts[0]),
+        "the client's text is intact"
+    );
+    assert_eq!(texts.len(), TOKENS, "no token twice, none lost");
     assert_eq!(read.dones(), 1, "{:?}", read.data);
     assert_eq!(read.data.last().map(String::as_str), Some("[DONE]"));
     let events = read.events();
@@ -224,8 +249,8 @@ fn killed_engine_mid_stream_is_continued_on_the_other(io: &str) {
     }
     let usage = &events.last().unwrap()["usage"];
     assert_eq!(usage["completion_tokens"], TOKENS, "{usage}");
-    // The survivor counts the original prompt as the uninterrupted answer did.
-    let whole = Client::connect(addr).post("/v1/chat/completions", &request(false), &[]);
+    // The survivor counts the original prompt as the uninterrupted answer does.
+    let whole = Client::connect(addr).post(api.path(), &api.request(false), &[]);
     assert_eq!(whole.status, 200, "{}", whole.text());
     let expected = &whole.json()["usage"];
     assert_eq!(usage["prompt_tokens"], expected["prompt_tokens"], "{usage}");
@@ -248,17 +273,16 @@ fn killed_engine_mid_stream_is_continued_on_the_other(io: &str) {
         "the dead engine's breaker opened:\n{m}"
     );
 }
-both_drivers!(killed_engine_mid_stream_is_continued_on_the_other);
 
 fn without_migration_the_stream_is_cut_as_before(io: &str) {
     let (mut engines, gw) = fleet(io, "migrate_streams = false");
     let addr = gw.local_addr();
-    let read = stream(addr, |n, backend| {
+    let read = stream(addr, Api::Chat, |n, backend| {
         if n == 10 {
             engines[index_of(backend)].kill();
         }
     });
-    assert_eq!(read.content_events(), 10, "{:?}", read.data);
+    assert_eq!(read.texts().len(), 10, "{:?}", read.data);
     assert_eq!(read.dones(), 0);
     let last = read.events().pop().unwrap();
     assert_eq!(last["error"]["code"], "upstream_error", "{last}");
@@ -275,7 +299,7 @@ fn a_second_death_past_the_limit_ends_the_stream_with_the_error(io: &str) {
     let (mut engines, gw) = fleet(io, "migrate_streams = true\nmax_stream_migrations = 1");
     let addr = gw.local_addr();
     let mut first = None;
-    let read = stream(addr, |n, backend| {
+    let read = stream(addr, Api::Chat, |n, backend| {
         if n == 10 {
             let i = index_of(backend);
             engines[i].kill();
@@ -286,7 +310,7 @@ fn a_second_death_past_the_limit_ends_the_stream_with_the_error(io: &str) {
             engines[1 - first.unwrap()].kill();
         }
     });
-    assert_eq!(read.content_events(), 20, "{:?}", read.data);
+    assert_eq!(read.texts().len(), 20, "{:?}", read.data);
     assert_eq!(read.dones(), 0);
     let last = read.events().pop().unwrap();
     assert_eq!(last["error"]["code"], "upstream_error", "{last}");

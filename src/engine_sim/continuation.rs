@@ -1,13 +1,15 @@
 //! vLLM's `continue_final_message` for chat: the last message, the assistant's,
 //! is continued rather than answered (with `add_generation_prompt: false`, as vLLM
-//! requires). The gateway uses it to continue a stream whose engine died.
+//! requires). The gateway uses it to continue a stream whose engine died; for
+//! completions it extends the prompt, which a model simply goes on with.
 //!
 //! The simulated answer is a cycle of [`Words`], so a continued message that is an
 //! answer's first `k` tokens goes on with tokens `k..` of that same answer: the
 //! text a client reads is exactly what one uninterrupted engine would have sent.
 //! The prompt is counted as vLLM counts it: the conversation before the message,
 //! with its generation prompt, plus the `k` tokens continued; the cache sees the
-//! conversation before the message.
+//! conversation before the message. A completions prompt that ends in an answer's
+//! first `k` tokens (two or more, after whitespace) goes on the same way.
 
 use super::Words;
 use serde_json::Value;
@@ -57,9 +59,58 @@ pub fn read(body: &[u8], words: &Words) -> Result<Option<Continued>, String> {
     Ok(Some(Continued { body, from }))
 }
 
+/// A completions prompt that ends in an answer's first `k` tokens (at least two,
+/// after whitespace): the request with the prompt before them, and where the answer
+/// goes on (a prompt extended by the text generated so far, as the gateway
+/// continues a completion).
+pub fn completion(body: &[u8], prompt: &str, words: &Words) -> Option<Continued> {
+    let (at, from) = prompt_run(prompt, words)?;
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    match v.get_mut("prompt")? {
+        Value::String(p) => p.truncate(at),
+        Value::Array(a) if a.len() == 1 => a[0] = Value::String(prompt[..at].into()),
+        _ => return None,
+    }
+    let body = serde_json::to_vec(&v).ok()?;
+    Some(Continued {
+        body,
+        from: Some(from),
+    })
+}
+
+/// Where the run of an answer's tokens that ends `prompt` starts, and the answer's
+/// first word and length.
+fn prompt_run(prompt: &str, words: &Words) -> Option<(usize, (usize, usize))> {
+    let bytes = prompt.as_bytes();
+    (1..bytes.len())
+        .filter(|&i| bytes[i - 1].is_ascii_whitespace() && prompt.is_char_boundary(i))
+        .find_map(|i| {
+            let from = words.continued(&prompt[i..]).filter(|&(_, k)| k >= 2)?;
+            Some((i, from))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompt_ending_in_an_answer_goes_on_with_it() {
+        let w = Words::default();
+        let body = br#"{"model":"sim","prompt":"Once upon a time\nthe of and","max_tokens":3}"#;
+        let c = completion(body, "Once upon a time\nthe of and", &w).unwrap();
+        assert_eq!(c.from, Some((0, 3)));
+        let v: Value = serde_json::from_slice(&c.body).unwrap();
+        assert_eq!(v["prompt"], "Once upon a time\n");
+        assert!(
+            completion(body, "Once upon a time\nthe", &w).is_none(),
+            "one word is no run"
+        );
+        assert!(
+            completion(body, "the of and", &w).is_none(),
+            "a prompt of its own"
+        );
+    }
 
     #[test]
     fn the_final_assistant_message_is_continued_where_it_left_off() {

@@ -372,8 +372,8 @@ impl Engine {
             Some(c) => self.parse(&c.body, endpoint),
             None => self.parse(&conn.body, endpoint),
         };
-        let continue_from = continued.and_then(|c| c.from);
-        let (facts, blocks, first_prompt_tokens) = match parsed {
+        let mut continue_from = continued.and_then(|c| c.from);
+        let (mut facts, mut blocks, mut first_prompt_tokens) = match parsed {
             Ok((facts, blocks, tokens)) => {
                 let continued = continue_from.map_or(0, |(_, steps)| steps as u64);
                 (facts, blocks, tokens + continued)
@@ -390,6 +390,20 @@ impl Engine {
                 return reply_error(conn, 400, &message, keep_alive).await;
             }
         };
+        if let (Endpoint::Completions, [prompt]) = (endpoint, &sampling.prompts[..]) {
+            let c = prompt
+                .text
+                .as_deref()
+                .and_then(|p| super::continuation::completion(&conn.body, p, &self.words));
+            if let Some(c) = c {
+                if let (Ok((f, b, tokens)), Some((_, steps))) =
+                    (self.parse(&c.body, endpoint), c.from)
+                {
+                    (facts, blocks, first_prompt_tokens) = (f, b, tokens + steps as u64);
+                    continue_from = c.from;
+                }
+            }
+        }
         // Token-id prompts count their ids; a batch counts every prompt (the cache
         // and the prefix match follow the first, as the gateway hashes it).
         let prompt_tokens: u64 = sampling
