@@ -107,8 +107,8 @@ mod tests {
             "one word is no run"
         );
         assert!(
-            completion(body, "the of and", &w).is_none(),
-            "a prompt of its own"
+            completion(body, "what is in the", &w).is_none(),
+            "words out of the answer's order"
         );
     }
 
