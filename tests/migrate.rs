@@ -1,9 +1,11 @@
 //! Streams that survive an engine's death (`retry.migrate_streams`): two simulated
 //! engines run as processes of their own (`radixgate engine-sim`), a slow stream is
 //! read through the gateway, and the engine serving it is killed (SIGKILL) midway.
-//! With migration the client's text is exactly what one uninterrupted engine sends,
-//! with one `[DONE]`; without it the stream ends with an error event, as before; and
-//! past `retry.max_stream_migrations` the stream ends with the error too.
+//! With migration the client's text (chat and completions) is exactly what one
+//! uninterrupted engine sends, with one `[DONE]`, the first engine's `id` and a
+//! consistent `usage`, and the dead engine's breaker opens; without it the stream
+//! ends with an error event, as before; past `retry.max_stream_migrations`, or with
+//! no other engine, the stream ends with the error too.
 
 mod common;
 
@@ -65,7 +67,11 @@ impl Drop for Engine {
 const IDS: [&str; 2] = ["e0", "e1"];
 
 fn fleet(io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
-    let engines: Vec<Engine> = (0..2).map(|_| Engine::start(io)).collect();
+    fleet_of(2, io, retry)
+}
+
+fn fleet_of(n: usize, io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
+    let engines: Vec<Engine> = (0..n).map(|_| Engine::start(io)).collect();
     let backends: Vec<_> = engines
         .iter()
         .zip(IDS)
@@ -332,3 +338,31 @@ fn a_second_death_past_the_limit_ends_the_stream_with_the_error(io: &str) {
     );
 }
 both_drivers!(a_second_death_past_the_limit_ends_the_stream_with_the_error);
+
+fn with_no_other_engine_the_stream_ends_with_the_error(io: &str) {
+    let (mut engines, gw) = fleet_of(1, io, "migrate_streams = true");
+    let addr = gw.local_addr();
+    let read = stream(addr, Api::Chat, |n, _| {
+        if n == 10 {
+            engines[0].kill();
+        }
+    });
+    assert_eq!(read.texts().len(), 10, "{:?}", read.data);
+    assert_eq!(read.dones(), 0);
+    let last = read.events().pop().unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    assert!(
+        last["error"]["message"].as_str().unwrap().contains("e0"),
+        "{last}"
+    );
+    let m = metrics(addr);
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_stream_migrations_total{outcome=\"no_backend\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+both_drivers!(with_no_other_engine_the_stream_ends_with_the_error);

@@ -581,8 +581,8 @@ async fn attempt_all(
             span.matched_blocks = route.matched_blocks;
             crate::trace::emit(shard, span);
         }
-        let _probe = ProbeGuard::enter(shard, &route);
-        let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
+        let probe = ProbeGuard::enter(shard, &route);
+        let in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
         // A retry routes the same prompt: keep its blocks before the attempt's awaits
         // let other requests reuse the shard's scratch (routing copied them only if it
@@ -689,6 +689,8 @@ async fn attempt_all(
                 return Ok((keep_open, exchange.usage.usage));
             }
             Err(Failure::StreamCut { keep_client }) => {
+                // The cut backend holds nothing of this request any more.
+                drop((probe, in_flight));
                 shard.report_outcome(backend, false);
                 exchange.record(facts, &route);
                 let mut excluded = excluded[..attempt - 1].to_vec();
