@@ -247,8 +247,8 @@ pub(super) struct Exchange<'s> {
     pub first_byte_timeout: Option<std::time::Duration>,
     /// With `retry.migrate_streams`, a streamed answer's text as it passes, so that a
     /// stream cut off midway can be continued elsewhere; `None` (no watching at all)
-    /// otherwise.
-    pub collect: Option<StreamText>,
+    /// otherwise. Boxed: the attempt without it stays as small as before.
+    pub collect: Option<Box<StreamText>>,
 }
 
 impl Exchange<'_> {
@@ -379,7 +379,10 @@ impl Exchange<'_> {
                 Waited::Read(_)
                     if resp.event_stream
                         && tracker.at_chunk_boundary()
-                        && self.collect.as_ref().is_some_and(StreamText::can_continue) =>
+                        && self
+                            .collect
+                            .as_deref()
+                            .is_some_and(StreamText::can_continue) =>
                 {
                     shard.give_buffer(buf);
                     return Err(Failure::StreamCut { keep_client });

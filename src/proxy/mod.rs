@@ -625,7 +625,7 @@ async fn attempt_all(
             status: 0,
             retry_from_status: 500,
             first_byte_timeout: None,
-            collect: migrate_streams.then(|| migrate::StreamText::new(req.endpoint)),
+            collect: migrate_streams.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
         };
         let result = exchange
             .run(
@@ -696,7 +696,7 @@ async fn attempt_all(
                 let mut excluded = excluded[..attempt - 1].to_vec();
                 excluded.push(backend);
                 let cut = migrate::Cut {
-                    text: exchange.collect.take().expect("a cut stream was watched"),
+                    text: *exchange.collect.take().expect("a cut stream was watched"),
                     failed: backend,
                     excluded,
                     blocks: carried.clone().expect("kept for a migration"),
