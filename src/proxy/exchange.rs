@@ -334,14 +334,15 @@ impl Exchange<'_> {
         }
         out.extend_from_slice(b"\r\n");
         let leftover = &buf[head_len..];
-        let used = tracker
-            .advance(leftover, |p| {
+        // Two closures, so that the path without a watched stream is the one it was.
+        let used = match &mut self.collect {
+            None => tracker.advance(leftover, |p| self.usage.feed(p)),
+            Some(c) => tracker.advance(leftover, |p| {
                 self.usage.feed(p);
-                if let Some(c) = &mut self.collect {
-                    c.feed(p);
-                }
-            })
-            .map_err(|_| UPSTREAM_BROKE)?;
+                c.feed(p);
+            }),
+        }
+        .map_err(|_| UPSTREAM_BROKE)?;
         let mut reusable = used == leftover.len();
         if used > 0 || tracker.done() {
             self.got_first_byte();
@@ -400,14 +401,14 @@ impl Exchange<'_> {
             if self.first_byte.is_none() {
                 self.got_first_byte();
             }
-            let used = tracker
-                .advance(&buf, |p| {
+            let used = match &mut self.collect {
+                None => tracker.advance(&buf, |p| self.usage.feed(p)),
+                Some(c) => tracker.advance(&buf, |p| {
                     self.usage.feed(p);
-                    if let Some(c) = &mut self.collect {
-                        c.feed(p);
-                    }
-                })
-                .map_err(|_| UPSTREAM_BROKE)?;
+                    c.feed(p);
+                }),
+            }
+            .map_err(|_| UPSTREAM_BROKE)?;
             if used < buf.len() {
                 // Bytes after the end of the response: the upstream broke framing.
                 reusable = false;

@@ -704,7 +704,9 @@ async fn attempt_all(
                     keep_client,
                     attempts: attempt,
                 };
-                let resumed = migrate::resume(shard, client, req, body, cut).await;
+                // Boxed: the rare continuation's state stays out of every request's
+                // future.
+                let resumed = Box::pin(migrate::resume(shard, client, req, body, cut)).await;
                 log(shard, req, &route, &exchange, attempt);
                 return Ok(resumed);
             }
