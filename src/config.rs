@@ -173,6 +173,13 @@ struct RetryWire {
     budget_ratio: f64,
     /// Retries always allowed per second regardless of traffic (per shard).
     min_retries_per_sec: f64,
+    /// Continue a stream on another engine when its engine dies mid-stream: the
+    /// request is re-sent with the text generated so far appended (chat: an assistant
+    /// message continued with `continue_final_message`; completions: the prompt) and
+    /// the continuation spliced into the client's stream.
+    migrate_streams: bool,
+    /// Continuations one stream may take (with `migrate_streams`).
+    max_stream_migrations: u32,
 }
 
 impl Default for RetryWire {
@@ -181,6 +188,8 @@ impl Default for RetryWire {
             max_attempts: 3,
             budget_ratio: 0.2,
             min_retries_per_sec: 10.0,
+            migrate_streams: false,
+            max_stream_migrations: 1,
         }
     }
 }
@@ -765,6 +774,8 @@ pub struct RetryConfig {
     pub max_attempts: NonZeroU32,
     pub budget_ratio: f64,
     pub min_retries_per_sec: f64,
+    pub migrate_streams: bool,
+    pub max_stream_migrations: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -1259,6 +1270,8 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         max_attempts,
         budget_ratio: rw.budget_ratio,
         min_retries_per_sec: rw.min_retries_per_sec,
+        migrate_streams: rw.migrate_streams,
+        max_stream_migrations: rw.max_stream_migrations,
     };
     let bw = wire.breaker;
     if bw.failure_threshold == 0 {

@@ -85,6 +85,9 @@ impl RequestKey {
 /// A shard's counter map. Its keys are small and internal (indexes, statuses, static
 /// names), and one is hashed on every request, so foldhash's fast hash instead of the
 /// default SipHash (which cost ~1,000 instructions per request).
+/// The `outcome` label of `radixgate_stream_migrations_total`, by index.
+pub const STREAM_MIGRATION_OUTCOMES: [&str; 3] = ["resumed", "failed", "no_backend"];
+
 pub type MetricMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Clone, Default)]
@@ -124,6 +127,9 @@ pub struct ShardMetrics {
     pub retries: Vec<u64>,
     /// Retries refused because the shard's retry budget was spent.
     pub retry_budget_exhausted: u64,
+    /// Streams continued on another engine after theirs died, by outcome
+    /// ([`STREAM_MIGRATION_OUTCOMES`]).
+    pub stream_migrations: [u64; 3],
     /// Requests refused by a tenant quota: (tenant index, limit) → count.
     pub throttled: MetricMap<(usize, &'static str), u64>,
     /// Requests refused for a missing or wrong API key.
@@ -204,6 +210,13 @@ impl ShardMetrics {
         self.replica_age.merge(&other.replica_age);
         self.decision.merge(&other.decision);
         self.retry_budget_exhausted += other.retry_budget_exhausted;
+        for (m, o) in self
+            .stream_migrations
+            .iter_mut()
+            .zip(other.stream_migrations)
+        {
+            *m += o;
+        }
         self.auth_failures += other.auth_failures;
         for (k, v) in &other.throttled {
             *self.throttled.entry(*k).or_insert(0) += v;
@@ -633,6 +646,17 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
     ] {
         out.family(name, Kind::Counter, help)
             .row(vec![], Value::Int(v));
+    }
+    let f = out.family(
+        "radixgate_stream_migrations_total",
+        Kind::Counter,
+        "Streams continued on another engine after theirs died mid-stream, by outcome: resumed (the continuation ended the stream), failed (it could not start, or broke too), no_backend (no other engine could take it).",
+    );
+    for (outcome, v) in STREAM_MIGRATION_OUTCOMES
+        .iter()
+        .zip(merged.stream_migrations)
+    {
+        f.row(vec![("outcome", outcome.to_string())], Value::Int(v));
     }
     let f = out.family(
         "radixgate_breaker_state",

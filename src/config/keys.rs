@@ -126,6 +126,8 @@ pub const KEYS: &[Key] = &[
     live("retry.max_attempts"),
     live("retry.budget_ratio"),
     live("retry.min_retries_per_sec"),
+    live("retry.migrate_streams"),
+    live("retry.max_stream_migrations"),
     live("breaker.failure_threshold"),
     live("breaker.open_ms"),
     live("breaker.half_open_probes"),

@@ -355,20 +355,55 @@ impl Engine {
     /// Serves one completion. Returns whether the connection is still usable.
     async fn generate(&self, conn: &mut ClientConn, endpoint: Endpoint) -> bool {
         let keep_alive = conn.head.keep_alive;
-        let (facts, blocks, first_prompt_tokens) = match self.parse(&conn.body, endpoint) {
-            Ok(v) => v,
+        let continued = match endpoint {
+            Endpoint::ChatCompletions => super::continuation::read(&conn.body, &self.words),
+            Endpoint::Completions => Ok(None),
+        };
+        let continued = match continued {
+            Ok(c) => c.filter(|c| c.from.is_some()),
+            Err(message) => {
+                self.counters.borrow_mut().requests_failed += 1;
+                return reply_error(conn, 400, &message, keep_alive).await;
+            }
+        };
+        // A continued answer: the conversation before it is the prompt, plus the
+        // tokens continued (as vLLM counts them).
+        let parsed = match &continued {
+            Some(c) => self.parse(&c.body, endpoint),
+            None => self.parse(&conn.body, endpoint),
+        };
+        let mut continue_from = continued.and_then(|c| c.from);
+        let (mut facts, mut blocks, mut first_prompt_tokens) = match parsed {
+            Ok((facts, blocks, tokens)) => {
+                let continued = continue_from.map_or(0, |(_, steps)| steps as u64);
+                (facts, blocks, tokens + continued)
+            }
             Err(e) => {
                 let (r, _) = conn.stream.write_all(e.to_response(b"", keep_alive)).await;
                 return r.is_ok();
             }
         };
-        let sampling = match sampling::read(&conn.body, endpoint) {
+        let mut sampling = match sampling::read(&conn.body, endpoint) {
             Ok(s) => s,
             Err(message) => {
                 self.counters.borrow_mut().requests_failed += 1;
                 return reply_error(conn, 400, &message, keep_alive).await;
             }
         };
+        if let (Endpoint::Completions, [prompt]) = (endpoint, &sampling.prompts[..]) {
+            let c = prompt
+                .text
+                .as_deref()
+                .and_then(|p| super::continuation::completion(&conn.body, p, &self.words));
+            if let Some(c) = c {
+                if let (Ok((f, b, tokens)), Some((_, steps))) =
+                    (self.parse(&c.body, endpoint), c.from)
+                {
+                    (facts, blocks, first_prompt_tokens) = (f, b, tokens + steps as u64);
+                    continue_from = c.from;
+                }
+            }
+        }
         // Token-id prompts count their ids; a batch counts every prompt (the cache
         // and the prefix match follow the first, as the gateway hashes it).
         let prompt_tokens: u64 = sampling
@@ -477,6 +512,7 @@ impl Engine {
         };
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        sampling.continue_from = continue_from;
         let choices = sampling.choices(&self.words, id, max_tokens);
         let longest = choices.iter().map(|c| c.pieces.len()).max().unwrap_or(0) as u64;
         let usage = Usage {

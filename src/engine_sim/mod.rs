@@ -30,6 +30,7 @@
 //! [`kv_publish`]. Stored blocks are the prompt's whole blocks the cache did not
 //! hold; evictions are `BlockRemoved`. Blocks of generated tokens are not cached.
 
+mod continuation;
 mod disagg;
 mod handler;
 pub mod kv_publish;

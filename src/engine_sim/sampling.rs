@@ -39,6 +39,9 @@ pub struct Sampling {
     pub prompts: Vec<Prompt>,
     /// `stream_options.continuous_usage_stats`: `usage` in every chunk (vLLM).
     pub continuous_usage: bool,
+    /// A continued answer (`continue_final_message`): its first word and the step it
+    /// goes on from.
+    pub continue_from: Option<(usize, usize)>,
 }
 
 /// One answer: `n` per prompt, indexed prompt-major as vLLM does.
@@ -165,6 +168,7 @@ pub fn read(body: &[u8], endpoint: Endpoint) -> Result<Sampling, String> {
         echo,
         prompts,
         continuous_usage,
+        continue_from: None,
     })
 }
 
@@ -176,8 +180,11 @@ impl Sampling {
         for p in &self.prompts {
             for _ in 0..self.n {
                 let index = out.len();
-                let first = (id as usize).wrapping_add(index) % words.len();
-                let (pieces, stopped) = generate(words, first, max_tokens, &self.stop);
+                let (first, from) = match self.continue_from {
+                    Some(at) if index == 0 => at,
+                    _ => ((id as usize).wrapping_add(index) % words.len(), 0),
+                };
+                let (pieces, stopped) = generate(words, (first, from), max_tokens, &self.stop);
                 out.push(Choice {
                     index,
                     echo: if self.echo { p.text.clone() } else { None },
@@ -190,9 +197,11 @@ impl Sampling {
     }
 }
 
+/// Up to `max_tokens` tokens of the answer whose first word is `first`, from step
+/// `from` on.
 fn generate<'w>(
     words: &'w Words,
-    first: usize,
+    (first, from): (usize, usize),
     max_tokens: u64,
     stop: &[String],
 ) -> (Vec<&'w str>, bool) {
@@ -200,7 +209,7 @@ fn generate<'w>(
     let longest = stop.iter().map(String::len).max().unwrap_or(0);
     let mut text = String::new();
     for i in 0..max_tokens as usize {
-        let piece = words.piece(first, i);
+        let piece = words.piece(first, from + i);
         pieces.push(piece);
         if longest == 0 {
             continue;

@@ -65,6 +65,21 @@ impl Words {
         self.lead.is_empty()
     }
 
+    /// Where `text` leaves an answer off, when it is one: `(first, steps)` such that
+    /// `text` is the first `steps` tokens of the answer whose first word is `first`
+    /// (so the answer goes on with token `steps`).
+    pub fn continued(&self, text: &str) -> Option<(usize, usize)> {
+        (0..self.len()).find_map(|first| {
+            let mut rest = text.strip_prefix(self.piece(first, 0))?;
+            let mut steps = 1;
+            while !rest.is_empty() {
+                rest = rest.strip_prefix(self.piece(first, steps))?;
+                steps += 1;
+            }
+            Some((first, steps))
+        })
+    }
+
     /// The token ids of the words, in cycle order (empty without a tokenizer).
     pub fn ids(&self) -> &[u32] {
         &self.ids
@@ -150,6 +165,18 @@ mod tests {
         let text: String = (0..4).map(|s| w.piece(0, s)).collect();
         assert_eq!(text, "the of and to");
         assert_eq!(w.piece(15, 1), " the");
+    }
+
+    #[test]
+    fn an_answer_cut_anywhere_is_found_where_it_left_off() {
+        let w = Words::default();
+        let answer: Vec<&str> = (0..40).map(|s| w.piece(5, s)).collect();
+        for cut in 1..40 {
+            assert_eq!(w.continued(&answer[..cut].concat()), Some((5, cut)));
+        }
+        assert_eq!(w.continued("hello there"), None);
+        assert_eq!(w.continued("the of and x"), None);
+        assert_eq!(w.continued(""), None);
     }
 
     #[test]

@@ -142,6 +142,7 @@ pub async fn call(
         status: 0,
         retry_from_status: 500,
         first_byte_timeout: None,
+        collect: None,
     };
     match exchange.fetch(request, max_bytes, leave).await {
         Ok(body) => {

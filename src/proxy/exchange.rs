@@ -16,6 +16,7 @@
 //! in-flight and pending-prefill guards are released, the breaker is not told, and
 //! the request is logged and counted as 499 (`client_closed`).
 
+use super::migrate::StreamText;
 use super::wire::Outgoing;
 use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::http::chunked::ChunkedDecoder;
@@ -47,9 +48,24 @@ pub(super) enum Failure {
         upstream_fault: bool,
         keep_open: bool,
     },
+    /// The backend broke off an SSE stream between two events, before its end, and
+    /// the attempt watched its text ([`Exchange::collect`]): nothing was written to
+    /// end the client's stream, so another backend may continue it
+    /// ([`super::migrate`]). `keep_client`: the client's connection may stay open
+    /// once the stream is ended.
+    StreamCut { keep_client: bool },
 }
 
 impl Failure {
+    /// A [`Failure::StreamCut`] as the stream break it is when nobody continues it
+    /// (the client's stream is left unended: its connection closes).
+    pub(super) fn cut_as_broken(self) -> Self {
+        match self {
+            Failure::StreamCut { .. } => UPSTREAM_BROKE,
+            other => other,
+        }
+    }
+
     /// The span status and reason of an exchange that ended with `result`, where
     /// `status` is what the backend answered (0: nothing): the backend's own status
     /// when it answered (a retried 5xx), else the error's.
@@ -65,6 +81,7 @@ impl Failure {
                     "client_gone"
                 },
             ),
+            Err(Failure::StreamCut { .. }) => (status, "stream_cut"),
             Ok(_) => (status, ""),
         }
     }
@@ -76,7 +93,7 @@ impl Failure {
 const WATCH_CLIENT_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How an upstream read watched by [`read_watching`] ended.
-enum Waited {
+pub(super) enum Waited {
     Read(std::io::Result<usize>),
     TimedOut,
     ClientGone,
@@ -87,7 +104,7 @@ enum Waited {
 /// client's socket is watched too ([`peer_closed`]), so a departed client ends the
 /// wait at once. The read itself is never dropped half-done while it may still
 /// complete, only when the wait ends for another reason (and the connection with it).
-async fn read_watching(
+pub(super) async fn read_watching(
     upstream: &mut TcpStream,
     buf: &mut Vec<u8>,
     since: Instant,
@@ -154,14 +171,14 @@ pub(super) fn router_headers(shard: &Shard, out: &mut Vec<u8>, route: &Decision,
 }
 
 /// Tracks where an upstream response body ends.
-enum BodyTracker {
+pub(super) enum BodyTracker {
     Remaining(u64),
     Chunked(ChunkedDecoder),
     UntilClose,
 }
 
 impl BodyTracker {
-    fn new(framing: BodyFraming) -> Self {
+    pub(super) fn new(framing: BodyFraming) -> Self {
         match framing {
             BodyFraming::Empty => BodyTracker::Remaining(0),
             BodyFraming::Length(n) => BodyTracker::Remaining(n),
@@ -171,11 +188,11 @@ impl BodyTracker {
     }
 
     /// Whether the body stopped between two chunks (so an event can be appended).
-    fn at_chunk_boundary(&self) -> bool {
+    pub(super) fn at_chunk_boundary(&self) -> bool {
         matches!(self, BodyTracker::Chunked(d) if d.at_chunk_boundary())
     }
 
-    fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         match self {
             BodyTracker::Remaining(n) => *n == 0,
             BodyTracker::Chunked(d) => d.is_done(),
@@ -184,7 +201,11 @@ impl BodyTracker {
     }
 
     /// How many bytes of `data` belong to the body; payload goes to `sink`.
-    fn advance(&mut self, data: &[u8], mut sink: impl FnMut(&[u8])) -> Result<usize, ()> {
+    pub(super) fn advance(
+        &mut self,
+        data: &[u8],
+        mut sink: impl FnMut(&[u8]),
+    ) -> Result<usize, ()> {
         match self {
             BodyTracker::Remaining(n) => {
                 let used = (*n).min(data.len() as u64) as usize;
@@ -216,6 +237,10 @@ pub(super) struct Exchange<'s> {
     pub retry_from_status: u16,
     /// Overrides `upstream.first_byte_timeout` (a split request's per-leg timeouts).
     pub first_byte_timeout: Option<std::time::Duration>,
+    /// With `retry.migrate_streams`, a streamed answer's text as it passes, so that a
+    /// stream cut off midway can be continued elsewhere; `None` (no watching at all)
+    /// otherwise. Boxed: the attempt without it stays as small as before.
+    pub collect: Option<Box<StreamText>>,
 }
 
 impl Exchange<'_> {
@@ -237,7 +262,7 @@ impl Exchange<'_> {
     }
 
     /// The engine has answered: its prefill for this request is done.
-    fn got_first_byte(&mut self) {
+    pub(super) fn got_first_byte(&mut self) {
         let now = Instant::now();
         self.first_byte = Some(now);
         if let Some(pending) = self.pending_prefill.take() {
@@ -301,9 +326,15 @@ impl Exchange<'_> {
         }
         out.extend_from_slice(b"\r\n");
         let leftover = &buf[head_len..];
-        let used = tracker
-            .advance(leftover, |p| self.usage.feed(p))
-            .map_err(|_| UPSTREAM_BROKE)?;
+        // Two closures, so that the path without a watched stream is the one it was.
+        let used = match &mut self.collect {
+            None => tracker.advance(leftover, |p| self.usage.feed(p)),
+            Some(c) => tracker.advance(leftover, |p| {
+                self.usage.feed(p);
+                c.feed(p);
+            }),
+        }
+        .map_err(|_| UPSTREAM_BROKE)?;
         let mut reusable = used == leftover.len();
         if used > 0 || tracker.done() {
             self.got_first_byte();
@@ -338,6 +369,17 @@ impl Exchange<'_> {
                     shard.give_buffer(buf);
                     return Err(self.client_gone());
                 }
+                Waited::Read(_)
+                    if resp.event_stream
+                        && tracker.at_chunk_boundary()
+                        && self
+                            .collect
+                            .as_deref()
+                            .is_some_and(StreamText::can_continue) =>
+                {
+                    shard.give_buffer(buf);
+                    return Err(Failure::StreamCut { keep_client });
+                }
                 _ => {
                     let ended_cleanly = resp.event_stream
                         && tracker.at_chunk_boundary()
@@ -351,9 +393,14 @@ impl Exchange<'_> {
             if self.first_byte.is_none() {
                 self.got_first_byte();
             }
-            let used = tracker
-                .advance(&buf, |p| self.usage.feed(p))
-                .map_err(|_| UPSTREAM_BROKE)?;
+            let used = match &mut self.collect {
+                None => tracker.advance(&buf, |p| self.usage.feed(p)),
+                Some(c) => tracker.advance(&buf, |p| {
+                    self.usage.feed(p);
+                    c.feed(p);
+                }),
+            }
+            .map_err(|_| UPSTREAM_BROKE)?;
             if used < buf.len() {
                 // Bytes after the end of the response: the upstream broke framing.
                 reusable = false;
@@ -377,22 +424,13 @@ impl Exchange<'_> {
 
     /// The upstream broke off an SSE stream between two chunks: tell the client in
     /// the stream itself and end the body properly. True when that reached it.
-    async fn end_stream_with_error(&self, client: &mut TcpStream, mut buf: Vec<u8>) -> bool {
+    async fn end_stream_with_error(&self, client: &mut TcpStream, buf: Vec<u8>) -> bool {
         let id = self.shard.backend_id(self.backend);
         let e = GatewayError::new(
             ErrorKind::UpstreamProtocol,
             format!("backend `{id}` broke off the stream"),
         );
-        let mut event = b"data: ".to_vec();
-        event.extend_from_slice(&e.body());
-        event.extend_from_slice(b"\n\n");
-        buf.clear();
-        let _ = write!(Utf8Vec(&mut buf), "{:x}\r\n", event.len());
-        buf.extend_from_slice(&event);
-        buf.extend_from_slice(b"\r\n0\r\n\r\n");
-        let (r, buf) = client.write_all(buf).await;
-        self.shard.give_buffer(buf);
-        r.is_ok()
+        end_stream_with(self.shard, client, &e, buf).await
     }
 
     /// Runs the attempt for a caller that wants the response whole (a workflow node, a
@@ -495,7 +533,7 @@ impl Exchange<'_> {
     /// turns out to be dead before answering anything is replaced by a fresh one.
     /// With `client`, a client that leaves meanwhile ends the wait with
     /// [`ErrorKind::ClientClosed`] (the upstream connection is dropped, not pooled).
-    async fn send(
+    pub(super) async fn send(
         &mut self,
         request: Vec<u8>,
         body: Option<&Rc<Vec<u8>>>,
@@ -651,6 +689,27 @@ impl Exchange<'_> {
                 });
         }
     }
+}
+
+/// Ends a chunked SSE body the client is reading, at an event boundary, with the
+/// error `e` as a last `data:` event in OpenAI's error shape. True when that reached
+/// the client.
+pub(super) async fn end_stream_with(
+    shard: &Shard,
+    client: &mut TcpStream,
+    e: &GatewayError,
+    mut buf: Vec<u8>,
+) -> bool {
+    let mut event = b"data: ".to_vec();
+    event.extend_from_slice(&e.body());
+    event.extend_from_slice(b"\n\n");
+    buf.clear();
+    let _ = write!(Utf8Vec(&mut buf), "{:x}\r\n", event.len());
+    buf.extend_from_slice(&event);
+    buf.extend_from_slice(b"\r\n0\r\n\r\n");
+    let (r, buf) = client.write_all(buf).await;
+    shard.give_buffer(buf);
+    r.is_ok()
 }
 
 /// One attempt's inputs: the upstream request (its head, and the body unless `body`

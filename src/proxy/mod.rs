@@ -13,6 +13,7 @@ mod admit;
 pub mod call;
 mod disagg;
 mod exchange;
+mod migrate;
 mod route;
 mod wire;
 
@@ -49,6 +50,7 @@ const MAX_ATTEMPTS: usize = 8;
 struct Request<'a> {
     head: &'a RequestHead,
     request_id: &'a str,
+    endpoint: Endpoint,
     facts: RequestFacts,
     policy: PolicyName,
     tenant: Option<usize>,
@@ -124,6 +126,7 @@ pub async fn forward(
     let request = Request {
         head,
         request_id,
+        endpoint,
         facts: prompt.facts,
         policy,
         tenant,
@@ -502,9 +505,11 @@ async fn attempt_all(
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
     let started = req.started;
     let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
-    let max_attempts = {
-        let fleet = shard.fleet.borrow();
-        (fleet.live.config.retry.max_attempts.get() as usize).min(MAX_ATTEMPTS)
+    let (max_attempts, migrate_streams) = {
+        let retry = &shard.fleet.borrow().live.config.retry;
+        let max_attempts = (retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
+        let migrate = retry.migrate_streams && retry.max_stream_migrations > 0 && facts.stream;
+        (max_attempts, migrate)
     };
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
     // One clock reading for the retry budget's deposit and the first route; a retry
@@ -576,13 +581,13 @@ async fn attempt_all(
             span.matched_blocks = route.matched_blocks;
             crate::trace::emit(shard, span);
         }
-        let _probe = ProbeGuard::enter(shard, &route);
-        let _in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
+        let probe = ProbeGuard::enter(shard, &route);
+        let in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
         // A retry routes the same prompt: keep its blocks before the attempt's awaits
         // let other requests reuse the shard's scratch (routing copied them only if it
         // inserted them).
-        if retry_possible && carried.is_none() {
+        if (retry_possible || migrate_streams) && carried.is_none() {
             carried = Some(match &route.inserted {
                 Some(b) => b.clone(),
                 None => (*shard.prompt_blocks()).into(),
@@ -620,6 +625,7 @@ async fn attempt_all(
             status: 0,
             retry_from_status: 500,
             first_byte_timeout: None,
+            collect: migrate_streams.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
         };
         let result = exchange
             .run(
@@ -681,6 +687,28 @@ async fn attempt_all(
                 exchange.record(facts, &route);
                 log(shard, req, &route, &exchange, attempt);
                 return Ok((keep_open, exchange.usage.usage));
+            }
+            Err(Failure::StreamCut { keep_client }) => {
+                // The cut backend holds nothing of this request any more.
+                drop((probe, in_flight));
+                shard.report_outcome(backend, false);
+                exchange.record(facts, &route);
+                let mut excluded = excluded[..attempt - 1].to_vec();
+                excluded.push(backend);
+                let cut = migrate::Cut {
+                    text: *exchange.collect.take().expect("a cut stream was watched"),
+                    failed: backend,
+                    excluded,
+                    blocks: carried.clone().expect("kept for a migration"),
+                    session,
+                    keep_client,
+                    attempts: attempt,
+                };
+                // Boxed: the rare continuation's state stays out of every request's
+                // future.
+                let resumed = Box::pin(migrate::resume(shard, client, req, body, cut)).await;
+                log(shard, req, &route, &exchange, attempt);
+                return Ok(resumed);
             }
         }
     }

@@ -243,6 +243,19 @@ impl Client {
         }
     }
 
+    /// The next chunk of a chunked body whose head [`Client::read_head`] read: its
+    /// data, empty for the last chunk.
+    pub fn read_chunk(&mut self) -> Vec<u8> {
+        let mut size_line = String::new();
+        self.reader.read_line(&mut size_line).expect("chunk size");
+        let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap(), 16)
+            .unwrap_or_else(|_| panic!("hex chunk size in {size_line:?}"));
+        let mut data = vec![0; size + 2];
+        self.reader.read_exact(&mut data).expect("chunk data");
+        data.truncate(size);
+        data
+    }
+
     /// True once the server has closed the connection: an end of stream, or a reset
     /// (a server that closes with our unread bytes in its buffer sends RST, and which
     /// of the two the client sees depends on timing).

@@ -487,6 +487,7 @@ async fn prefill_leg(
         status: 0,
         retry_from_status: 500,
         first_byte_timeout: Some(timeout),
+        collect: None,
     };
     let fetch = exchange.fetch(request, PREFILL_RESPONSE_LIMIT, leave);
     let fetched = monoio::time::timeout(timeout, fetch).await;
@@ -557,6 +558,7 @@ async fn decode_leg(
         status: 0,
         retry_from_status: 400,
         first_byte_timeout: Some(split.decode_first_byte_timeout),
+        collect: None,
     };
     let result = exchange
         .run(
@@ -570,7 +572,8 @@ async fn decode_leg(
                 may_retry,
             },
         )
-        .await;
+        .await
+        .map_err(Failure::cut_as_broken);
     {
         let mut m = shard.metrics.borrow_mut();
         if let Some(first) = exchange.first_byte {
@@ -602,6 +605,7 @@ async fn decode_leg(
             exchange.record(&req.facts, route);
             Split::DecodeFailed { error: e, refused }
         }
+        Err(Failure::StreamCut { .. }) => unreachable!("mapped by `cut_as_broken` above"),
         Err(Failure::AfterResponse {
             upstream_fault,
             keep_open,

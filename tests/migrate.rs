@@ -1,0 +1,368 @@
+//! Streams that survive an engine's death (`retry.migrate_streams`): two simulated
+//! engines run as processes of their own (`radixgate engine-sim`), a slow stream is
+//! read through the gateway, and the engine serving it is killed (SIGKILL) midway.
+//! With migration the client's text (chat and completions) is exactly what one
+//! uninterrupted engine sends, with one `[DONE]`, the first engine's `id` and a
+//! consistent `usage`, and the dead engine's breaker opens; without it the stream
+//! ends with an error event, as before; past `retry.max_stream_migrations`, or with
+//! no other engine, the stream ends with the error too.
+
+mod common;
+
+use common::*;
+use radixgate::engine_sim::Words;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_radixgate");
+
+/// Tokens a test stream asks for.
+const TOKENS: usize = 40;
+
+/// A simulated engine in a process of its own, killed when dropped.
+struct Engine {
+    child: Child,
+    url: String,
+}
+
+impl Engine {
+    fn start(io: &str) -> Engine {
+        let mut child = Command::new(BIN)
+            .args(["engine-sim", "--listen", "127.0.0.1:0", "--io", io])
+            .args([
+                "--decode-us-per-token",
+                "30000",
+                "--prefill-us-per-token",
+                "0",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("engine-sim starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in {line:?}"))
+            .to_string();
+        Engine { child, url }
+    }
+
+    /// SIGKILL: the engine's sockets are closed by the kernel mid-stream.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+const IDS: [&str; 2] = ["e0", "e1"];
+
+fn fleet(io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
+    fleet_of(2, io, retry)
+}
+
+fn fleet_of(n: usize, io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
+    let engines: Vec<Engine> = (0..n).map(|_| Engine::start(io)).collect();
+    let backends: Vec<_> = engines
+        .iter()
+        .zip(IDS)
+        .map(|(e, id)| (id, e.url.clone(), "sim"))
+        .collect();
+    let extra = format!(
+        "[routing]\npolicy = \"round_robin\"\n[breaker]\nfailure_threshold = 1\nopen_ms = 60000\n[retry]\n{retry}\n"
+    );
+    let gw = start_gateway(io, 1, &extra, &backends);
+    (engines, gw)
+}
+
+/// The streaming endpoints.
+#[derive(Clone, Copy)]
+enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+
+    fn request(self, stream: bool) -> String {
+        let options = if stream {
+            r#","stream":true,"stream_options":{"include_usage":true}"#
+        } else {
+            ""
+        };
+        match self {
+            Api::Chat => format!(
+                r#"{{"model":"sim","max_tokens":{TOKENS}{options},"messages":[{{"role":"user","content":"tell me a long story about engines that die"}}]}}"#
+            ),
+            Api::Completions => format!(
+                r#"{{"model":"sim","max_tokens":{TOKENS}{options},"prompt":"Once upon a time there was an engine that died.\n"}}"#
+            ),
+        }
+    }
+
+    /// An event's text.
+    fn text(self, v: &serde_json::Value) -> Option<&str> {
+        match self {
+            Api::Chat => v["choices"][0]["delta"]["content"].as_str(),
+            Api::Completions => v["choices"][0]["text"].as_str(),
+        }
+    }
+}
+
+/// What the client read of one stream.
+struct Read {
+    api: Api,
+    backend: String,
+    /// Each `data:` event's payload, in order.
+    data: Vec<String>,
+}
+
+impl Read {
+    fn events(&self) -> Vec<serde_json::Value> {
+        self.data
+            .iter()
+            .filter(|d| d.starts_with('{'))
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+            .collect()
+    }
+
+    fn texts(&self) -> Vec<String> {
+        self.events()
+            .iter()
+            .filter_map(|v| self.api.text(v).filter(|t| !t.is_empty()).map(String::from))
+            .collect()
+    }
+
+    fn dones(&self) -> usize {
+        self.data.iter().filter(|d| *d == "[DONE]").count()
+    }
+}
+
+/// Streams the test request, calling `at_event(n, backend)` after the `n`th event
+/// with text (the backend the gateway named in its head).
+fn stream(addr: std::net::SocketAddr, api: Api, mut at_event: impl FnMut(usize, &str)) -> Read {
+    let mut c = Client::connect(addr);
+    c.send(&post_bytes(api.path(), &api.request(true), &[]));
+    let (status, headers) = c.read_head();
+    assert_eq!(status, 200);
+    let backend = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-router-backend"))
+        .map(|(_, v)| v.clone())
+        .expect("the backend is named");
+    let mut read = Read {
+        api,
+        backend,
+        data: Vec::new(),
+    };
+    let mut texts = 0;
+    let mut pending = String::new();
+    loop {
+        let chunk = c.read_chunk();
+        if chunk.is_empty() {
+            break;
+        }
+        pending.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = pending.find("\n\n") {
+            let event: String = pending.drain(..end + 2).collect();
+            let data = event.trim().strip_prefix("data: ").unwrap_or(event.trim());
+            read.data.push(data.to_string());
+            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+            if api.text(&v).is_some_and(|t| !t.is_empty()) {
+                texts += 1;
+                at_event(texts, &read.backend);
+            }
+        }
+    }
+    assert!(pending.is_empty(), "a partial event: {pending:?}");
+    read
+}
+
+/// The text one uninterrupted engine sends for an answer that starts with `first`.
+fn uninterrupted(first: &str) -> String {
+    let w = Words::default();
+    let f = (0..w.len())
+        .find(|&f| w.piece(f, 0) == first)
+        .unwrap_or_else(|| panic!("{first:?} is not a first word"));
+    (0..TOKENS).map(|s| w.piece(f, s)).collect()
+}
+
+fn index_of(backend: &str) -> usize {
+    IDS.iter().position(|id| *id == backend).unwrap()
+}
+
+fn metrics(addr: std::net::SocketAddr) -> String {
+    Client::connect(addr).get("/metrics").text()
+}
+
+fn killed_engine_mid_stream_is_continued_on_the_other(io: &str) {
+    continued_on_the_other(io, Api::Chat);
+}
+both_drivers!(killed_engine_mid_stream_is_continued_on_the_other);
+
+fn killed_engine_mid_completion_is_continued_on_the_other(io: &str) {
+    continued_on_the_other(io, Api::Completions);
+}
+both_drivers!(killed_engine_mid_completion_is_continued_on_the_other);
+
+fn continued_on_the_other(io: &str, api: Api) {
+    let (mut engines, gw) = fleet(io, "migrate_streams = true");
+    let addr = gw.local_addr();
+    // One answer first (round robin: on the engine that will continue the stream),
+    // so the two engines number their answers differently and the rewritten `id`
+    // shows.
+    let warm = Client::connect(addr).post(api.path(), &api.request(false), &[]);
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    let mut killed = None;
+    let read = stream(addr, api, |n, backend| {
+        if n == 10 {
+            let i = index_of(backend);
+            engines[i].kill();
+            killed = Some(i);
+        }
+    });
+    let dead = killed.expect("the engine was killed");
+    let texts = read.texts();
+    assert_eq!(
+        texts.concat(),
+        uninterrupted(&texts[0]),
+        "the client's text is intact"
+    );
+    assert_eq!(texts.len(), TOKENS, "no token twice, none lost");
+    assert_eq!(read.dones(), 1, "{:?}", read.data);
+    assert_eq!(read.data.last().map(String::as_str), Some("[DONE]"));
+    let events = read.events();
+    for v in &events {
+        assert!(v.get("error").is_none(), "{v}");
+        for k in ["id", "created", "model"] {
+            assert_eq!(v[k], events[0][k], "{k} is the first engine's: {v}");
+        }
+    }
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], TOKENS, "{usage}");
+    // The survivor counts the original prompt as the uninterrupted answer does.
+    let whole = Client::connect(addr).post(api.path(), &api.request(false), &[]);
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let expected = &whole.json()["usage"];
+    assert_eq!(usage["prompt_tokens"], expected["prompt_tokens"], "{usage}");
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["prompt_tokens"].as_u64().unwrap() + TOKENS as u64)
+    );
+    let m = metrics(addr);
+    assert_eq!(
+        metric(&m, "radixgate_stream_migrations_total{outcome=\"resumed\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("radixgate_breaker_state{{backend=\"{}\"}}", IDS[dead])
+        ),
+        Some(2.0),
+        "the dead engine's breaker opened:\n{m}"
+    );
+}
+
+fn without_migration_the_stream_is_cut_as_before(io: &str) {
+    let (mut engines, gw) = fleet(io, "migrate_streams = false");
+    let addr = gw.local_addr();
+    let read = stream(addr, Api::Chat, |n, backend| {
+        if n == 10 {
+            engines[index_of(backend)].kill();
+        }
+    });
+    assert_eq!(read.texts().len(), 10, "{:?}", read.data);
+    assert_eq!(read.dones(), 0);
+    let last = read.events().pop().unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    let m = metrics(addr);
+    assert_eq!(
+        metric(&m, "radixgate_stream_migrations_total{outcome=\"resumed\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+both_drivers!(without_migration_the_stream_is_cut_as_before);
+
+fn a_second_death_past_the_limit_ends_the_stream_with_the_error(io: &str) {
+    let (mut engines, gw) = fleet(io, "migrate_streams = true\nmax_stream_migrations = 1");
+    let addr = gw.local_addr();
+    let mut first = None;
+    let read = stream(addr, Api::Chat, |n, backend| {
+        if n == 10 {
+            let i = index_of(backend);
+            engines[i].kill();
+            first = Some(i);
+        }
+        if n == 20 {
+            // The continuation runs on the other engine.
+            engines[1 - first.unwrap()].kill();
+        }
+    });
+    assert_eq!(read.texts().len(), 20, "{:?}", read.data);
+    assert_eq!(read.dones(), 0);
+    let last = read.events().pop().unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    let other = IDS[1 - first.unwrap()];
+    assert!(
+        last["error"]["message"].as_str().unwrap().contains(other),
+        "{last}"
+    );
+    let m = metrics(addr);
+    assert_eq!(
+        metric(&m, "radixgate_stream_migrations_total{outcome=\"failed\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "radixgate_stream_migrations_total{outcome=\"resumed\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+both_drivers!(a_second_death_past_the_limit_ends_the_stream_with_the_error);
+
+fn with_no_other_engine_the_stream_ends_with_the_error(io: &str) {
+    let (mut engines, gw) = fleet_of(1, io, "migrate_streams = true");
+    let addr = gw.local_addr();
+    let read = stream(addr, Api::Chat, |n, _| {
+        if n == 10 {
+            engines[0].kill();
+        }
+    });
+    assert_eq!(read.texts().len(), 10, "{:?}", read.data);
+    assert_eq!(read.dones(), 0);
+    let last = read.events().pop().unwrap();
+    assert_eq!(last["error"]["code"], "upstream_error", "{last}");
+    assert!(
+        last["error"]["message"].as_str().unwrap().contains("e0"),
+        "{last}"
+    );
+    let m = metrics(addr);
+    assert_eq!(
+        metric(
+            &m,
+            "radixgate_stream_migrations_total{outcome=\"no_backend\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+both_drivers!(with_no_other_engine_the_stream_ends_with_the_error);
