@@ -244,6 +244,7 @@ pub(crate) mod tests {
             id: id.into(),
             addr: "127.0.0.1:1".parse().unwrap(),
             host: "127.0.0.1:1".into(),
+            tls: None,
             models: models.iter().map(|m| m.to_string()).collect(),
             cache_blocks: 1,
             upstream_auth: None,

@@ -13,6 +13,7 @@ mod cluster;
 mod disagg;
 mod discovery;
 pub mod keys;
+mod tls;
 mod traces;
 mod workflows;
 pub use cluster::ClusterConfig;
@@ -29,6 +30,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
+pub use tls::{ServerTls, UpstreamTls};
 pub use workflows::WorkflowsConfig;
 
 // === wire format ===
@@ -249,6 +251,9 @@ struct ServerWire {
     max_connections: usize,
     /// On SIGTERM/SIGINT: stop accepting, then wait this long for in-flight requests.
     shutdown_timeout_ms: u64,
+    /// `[server.tls]`: serve HTTPS (ALPN http/1.1) with this certificate and key; a
+    /// reload reads both files again.
+    tls: Option<tls::ServerTlsWire>,
 }
 
 impl Default for ServerWire {
@@ -268,6 +273,7 @@ impl Default for ServerWire {
             body_timeout_ms: 30_000,
             max_connections: 10_000,
             shutdown_timeout_ms: 30_000,
+            tls: None,
         }
     }
 }
@@ -396,6 +402,8 @@ struct UpstreamWire {
     pool_max_idle: usize,
     /// An idle pooled connection older than this is closed instead of reused.
     pool_idle_expiry_ms: u64,
+    /// PEM CA bundle trusted for `https://` backends without a `tls_ca` of their own.
+    tls_ca: Option<String>,
 }
 
 impl Default for UpstreamWire {
@@ -406,6 +414,7 @@ impl Default for UpstreamWire {
             idle_timeout_ms: 60_000,
             pool_max_idle: 64,
             pool_idle_expiry_ms: 30_000,
+            tls_ca: None,
         }
     }
 }
@@ -443,8 +452,17 @@ impl Default for HealthWire {
 struct BackendWire {
     /// Unique name, shown in `X-Router-Backend` and metrics.
     id: String,
-    /// `http://HOST:PORT` of the engine (an IP address or `localhost`).
+    /// `http://HOST:PORT` or `https://HOST:PORT` of the engine (an IP address or
+    /// `localhost`).
     url: String,
+    /// `https://` only: PEM CA bundle that signed the engine's certificate (default
+    /// `upstream.tls_ca`).
+    #[serde(default)]
+    tls_ca: Option<String>,
+    /// `https://` only: the name the engine's certificate must hold (default: the
+    /// URL's host).
+    #[serde(default)]
+    tls_server_name: Option<String>,
     /// Model names this backend serves.
     models: Vec<String>,
     /// Environment variable holding this backend's own API key, sent upstream as
@@ -584,6 +602,8 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    /// `[server.tls]`: the listener serves HTTPS.
+    pub tls: Option<ServerTls>,
 }
 
 /// How prompts are cut into blocks for the prefix index (`routing.hashing`).
@@ -650,6 +670,8 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     pub pool_max_idle: usize,
     pub pool_idle_expiry: Duration,
+    /// `upstream.tls_ca` (each https backend holds the client config built from it).
+    pub tls_ca: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -679,6 +701,8 @@ pub struct BackendConfig {
     pub addr: SocketAddr,
     /// Value for the upstream `Host` header.
     pub host: String,
+    /// `https://` backends: how to speak TLS to it.
+    pub tls: Option<Arc<UpstreamTls>>,
     pub models: Vec<String>,
     pub cache_blocks: usize,
     /// `Authorization: Bearer ...` header line for upstream requests, if any.
@@ -856,8 +880,14 @@ impl Config {
     }
 }
 
-/// One `[[backends]]` entry (also an admin API add); `at` is its key path.
-fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> BackendConfig {
+/// One `[[backends]]` entry (also an admin API add); `at` is its key path, and
+/// `default_ca` is `upstream.tls_ca` (read and checked) with whether it is set.
+fn validate_backend(
+    b: BackendWire,
+    at: &str,
+    default_ca: (Option<&tls::CaFile>, bool),
+    errors: &mut Vec<String>,
+) -> BackendConfig {
     if b.id.is_empty() || !b.id.bytes().all(|c| c.is_ascii_graphic()) {
         errors.push(format!(
             "{at}.id: must be non-empty printable ASCII without spaces"
@@ -880,12 +910,30 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
             "{at}.capabilities: list at least one of text, image, audio"
         ));
     }
-    let (addr, host) = match parse_http_url(&b.url) {
+    let (addr, host, https) = match parse_backend_url(&b.url) {
         Ok(v) => v,
         Err(e) => {
             errors.push(format!("{at}.url: {e}"));
-            (SocketAddr::from(([127, 0, 0, 1], 0)), String::new())
+            (SocketAddr::from(([127, 0, 0, 1], 0)), String::new(), false)
         }
+    };
+    let tls = if https {
+        let keys = tls::BackendTlsKeys {
+            host: &host,
+            ca: b.tls_ca.as_deref(),
+            server_name: b.tls_server_name.as_deref(),
+        };
+        tls::upstream(at, keys, default_ca.0, default_ca.1, errors)
+    } else {
+        for (key, set) in [
+            ("tls_ca", b.tls_ca.is_some()),
+            ("tls_server_name", b.tls_server_name.is_some()),
+        ] {
+            if set {
+                errors.push(format!("{at}.{key}: only for https:// URLs"));
+            }
+        }
+        None
     };
     let role = disagg::validate_role(&b.role, b.bootstrap_port, at, errors);
     let file = serde_json::to_value(&b).unwrap_or_default();
@@ -897,6 +945,7 @@ fn validate_backend(b: BackendWire, at: &str, errors: &mut Vec<String>) -> Backe
         id: b.id,
         addr,
         host,
+        tls,
         models: b.models,
         cache_blocks: b.cache_blocks,
         kv_events,
@@ -919,7 +968,9 @@ impl BackendConfig {
         let wire: BackendWire = serde_json::from_slice(body)
             .map_err(|e| ConfigErrors(vec![format!("backend: {e}")]))?;
         let mut errors = Vec::new();
-        let backend = validate_backend(wire, "backend", &mut errors);
+        // `upstream.tls_ca` is the config file's: an https backend added here names
+        // its own CA.
+        let backend = validate_backend(wire, "backend", (None, false), &mut errors);
         if backend.kv_events.is_some() || wire_has_replay(body) {
             errors.push(
                 "backend.kv_events: KV-event subscriptions (kv_events, kv_events_connect, \
@@ -1092,6 +1143,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         body_timeout: millis(s.body_timeout_ms, "server.body_timeout_ms", errors),
         max_connections: s.max_connections,
         shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
+        tls: tls::server(s.tls, errors),
     };
 
     let r = wire.routing;
@@ -1204,7 +1256,9 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             "upstream.pool_idle_expiry_ms",
             errors,
         ),
+        tls_ca: u.tls_ca,
     };
+    let default_ca = tls::default_ca(upstream.tls_ca.as_deref(), errors);
 
     let h = wire.health;
     if h.unhealthy_threshold == 0 {
@@ -1232,7 +1286,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
             errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
         }
-        backends.push(validate_backend(b, &format!("backends[{i}]"), errors));
+        backends.push(validate_backend(
+            b,
+            &format!("backends[{i}]"),
+            (default_ca.as_ref(), upstream.tls_ca.is_some()),
+            errors,
+        ));
     }
     let split_models = disagg::validate_models(wire.models, errors);
     for (i, b) in backends.iter().enumerate() {
@@ -1504,6 +1563,21 @@ pub fn parse_http_url(url: &str) -> Result<(SocketAddr, String), String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("`{url}` must start with http://"))?;
+    parse_authority(url, rest)
+}
+
+/// A backend's URL, `http://` or `https://` (then `true`), as [`parse_http_url`].
+fn parse_backend_url(url: &str) -> Result<(SocketAddr, String, bool), String> {
+    if let Some(rest) = url.strip_prefix("https://") {
+        return parse_authority(url, rest).map(|(a, h)| (a, h, true));
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("`{url}` must start with http:// or https://"))?;
+    parse_authority(url, rest).map(|(a, h)| (a, h, false))
+}
+
+fn parse_authority(url: &str, rest: &str) -> Result<(SocketAddr, String), String> {
     let authority = rest.trim_end_matches('/');
     if authority.contains('/') {
         return Err(format!("`{url}` must not have a path"));

@@ -576,16 +576,30 @@ fn probe_health(backend: &BackendConfig, timeout: Duration) -> bool {
     http_get(backend, "/health", timeout).is_some_and(|(status, _)| (200..300).contains(&status))
 }
 
-/// A blocking `GET` with `Connection: close`, bounded by `timeout` per step and by
-/// 4 MiB of body. Returns the status and the body.
+/// A blocking `GET` with `Connection: close` (over TLS to an `https://` backend),
+/// bounded by `timeout` per step and by 4 MiB of body. Returns the status and the
+/// body.
 fn http_get(backend: &BackendConfig, path: &str, timeout: Duration) -> Option<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&backend.addr, timeout).ok()?;
+    let s = TcpStream::connect_timeout(&backend.addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
         backend.host
     );
+    let raw = match &backend.tls {
+        None => exchange(s, &req, timeout)?,
+        Some(tls) => {
+            let conn =
+                rustls::ClientConnection::new(tls.config.clone(), tls.server_name.clone()).ok()?;
+            exchange(rustls::StreamOwned::new(conn, s), &req, timeout)?
+        }
+    };
+    parse_get_response(raw)
+}
+
+/// Writes `req` and reads the answer until the peer closes.
+fn exchange(mut s: impl Read + Write, req: &str, timeout: Duration) -> Option<Vec<u8>> {
     s.write_all(req.as_bytes()).ok()?;
     let mut raw = Vec::with_capacity(4096);
     let deadline = Instant::now() + timeout * 2;
@@ -600,6 +614,10 @@ fn http_get(backend: &BackendConfig, path: &str, timeout: Duration) -> Option<(u
             break;
         }
     }
+    Some(raw)
+}
+
+fn parse_get_response(mut raw: Vec<u8>) -> Option<(u16, Vec<u8>)> {
     let mut head = crate::http::response::ResponseHead::default();
     let head_len = crate::http::response::parse_response_head(&raw, &mut head, false).ok()??;
     let mut body = raw.split_off(head_len);

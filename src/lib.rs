@@ -48,6 +48,7 @@ pub mod shard;
 pub mod stall;
 pub mod status;
 pub mod tenants;
+pub mod tls;
 pub mod token_mode;
 pub mod trace;
 pub mod workflow;

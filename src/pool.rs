@@ -6,13 +6,13 @@
 //! at most `pool_max_idle` are kept per backend. Pools carry over a config reload:
 //! new backend slots get an empty queue, and a retired backend's queue is closed.
 
-use monoio::net::TcpStream;
+use crate::tls::Stream;
 use monoio::time::Instant;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 struct IdleConn {
-    stream: TcpStream,
+    stream: Stream,
     since: Instant,
 }
 
@@ -53,7 +53,7 @@ impl UpstreamPool {
     }
 
     /// The most recently parked connection to `backend` that has not expired by `now`.
-    pub fn take(&mut self, backend: usize, now: Instant) -> Option<TcpStream> {
+    pub fn take(&mut self, backend: usize, now: Instant) -> Option<Stream> {
         let queue = &mut self.idle[backend];
         while let Some(front) = queue.front() {
             if now.saturating_duration_since(front.since) < self.expiry {
@@ -64,7 +64,7 @@ impl UpstreamPool {
         queue.pop_back().map(|c| c.stream)
     }
 
-    pub fn put(&mut self, backend: usize, stream: TcpStream) {
+    pub fn put(&mut self, backend: usize, stream: Stream) {
         let queue = &mut self.idle[backend];
         if queue.len() >= self.max_idle {
             queue.pop_front();

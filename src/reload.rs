@@ -127,7 +127,7 @@ pub fn describe(summary: &Value) -> String {
 
 /// Same engine: a changed `url` makes it a different engine (new slot, empty cache).
 pub fn same_engine(a: &BackendConfig, b: &BackendConfig) -> bool {
-    a.addr == b.addr && a.host == b.host
+    a.addr == b.addr && a.host == b.host && a.tls.is_some() == b.tls.is_some()
 }
 
 /// Nothing to update in place.
@@ -139,6 +139,7 @@ pub fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
         && a.capabilities == b.capabilities
         && a.role == b.role
         && a.bootstrap_port == b.bootstrap_port
+        && a.tls == b.tls
         && a.file == b.file
 }
 

@@ -16,6 +16,7 @@ use crate::metrics::{self, RequestKey};
 use crate::openai::Endpoint;
 use crate::proxy;
 use crate::shard::Shard;
+use crate::tls::Stream;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::{TcpListener, TcpStream};
 use monoio::time::Instant;
@@ -28,11 +29,25 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
         match listener.accept().await {
             Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
-                let max = shard.fleet.borrow().live.config.server.max_connections;
-                if shard.conns.len() >= max {
-                    monoio::spawn(refuse_connection(shard.clone(), stream));
-                } else {
-                    monoio::spawn(serve_connection(shard.clone(), stream));
+                // The shard's own fleet snapshot: the certificate in force now (a
+                // reload swaps it for new handshakes only).
+                let (max, tls) = {
+                    let fleet = shard.fleet.borrow();
+                    let server = &fleet.live.config.server;
+                    let tls = server.tls.as_ref().map(|t| t.config.clone());
+                    (server.max_connections, tls)
+                };
+                let refuse = shard.conns.len() >= max;
+                match tls {
+                    None if refuse => {
+                        monoio::spawn(refuse_connection(shard.clone(), stream.into()));
+                    }
+                    None => {
+                        monoio::spawn(serve_connection(shard.clone(), stream.into()));
+                    }
+                    Some(config) => {
+                        monoio::spawn(serve_tls(shard.clone(), stream, config, refuse));
+                    }
                 }
             }
             Err(e) => {
@@ -44,9 +59,37 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: &TcpListener) {
     }
 }
 
+/// A connection to the HTTPS listener: the handshake (within `server.head_timeout_ms`),
+/// then the connection served (or refused) as a plain one would be.
+async fn serve_tls(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    refuse: bool,
+) {
+    let timeout = shard.fleet.borrow().live.config.server.head_timeout;
+    let handshake = crate::tls::TlsStream::accept(stream, config);
+    let tls = match monoio::time::timeout(timeout, handshake).await {
+        Ok(Ok(tls)) => Stream::Tls(Box::new(tls)),
+        Ok(Err(e)) => {
+            tracing::debug!(shard = shard.id, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(shard = shard.id, "TLS handshake timed out");
+            return;
+        }
+    };
+    if refuse {
+        refuse_connection(shard, tls).await;
+    } else {
+        serve_connection(shard, tls).await;
+    }
+}
+
 /// Over `server.max_connections` on this shard: 503 `overloaded` without reading the
 /// request, then close.
-async fn refuse_connection(shard: Rc<Shard>, mut stream: TcpStream) {
+async fn refuse_connection(shard: Rc<Shard>, mut stream: Stream) {
     let e = GatewayError::new(
         ErrorKind::Overloaded,
         "too many connections to this gateway shard; retry later",
@@ -101,14 +144,14 @@ fn request_limits(shard: &Shard) -> RequestLimits {
 /// `server.client_park_after_ms` without a request: the buffers are back in the
 /// shard's pool, the busy future is freed, and the connection waits for readability
 /// holding its socket and little else, until its idle timeout.
-pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
-    let registered = shard.conns.register(&stream);
+pub async fn serve_connection(shard: Rc<Shard>, stream: Stream) {
+    let registered = shard.conns.register(stream.tcp());
     let mut stream = stream;
     loop {
         let (back, next) = Box::pin(serve_requests(&shard, stream)).await;
         stream = back;
         let Some(idle_deadline) = next else { break };
-        match monoio::time::timeout_at(idle_deadline, stream.readable(false)).await {
+        match monoio::time::timeout_at(idle_deadline, stream.readable()).await {
             Ok(Ok(())) => {}
             _ => break,
         }
@@ -120,7 +163,7 @@ pub async fn serve_connection(shard: Rc<Shard>, stream: TcpStream) {
 
 /// Reads and answers requests until the connection is done (`None`) or idle past
 /// `park_after` (`Some` of its idle deadline); gives the socket back either way.
-async fn serve_requests(shard: &Rc<Shard>, stream: TcpStream) -> (TcpStream, Option<Instant>) {
+async fn serve_requests(shard: &Rc<Shard>, stream: Stream) -> (Stream, Option<Instant>) {
     let mut conn = ClientConn::new(stream, shard.take_buffer());
     let next = loop {
         let limits = request_limits(shard);
@@ -325,7 +368,7 @@ fn method_not_allowed(allowed: &str) -> GatewayError {
 
 async fn respond_error(
     shard: &Shard,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     e: &GatewayError,
     request_id: &str,
     keep_alive: bool,
@@ -376,7 +419,7 @@ fn plain_response(
 
 async fn local(
     shard: &Shard,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     status: u16,
     body: Vec<u8>,
     keep_alive: bool,
@@ -388,7 +431,7 @@ async fn local(
 
 async fn write_local(
     shard: &Shard,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     resp: Vec<u8>,
     status: u16,
 ) -> Result<bool, GatewayError> {

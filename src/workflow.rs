@@ -31,9 +31,9 @@ use crate::otlp::SpanKind;
 use crate::proxy::abandon::Abandon;
 use crate::proxy::call::{call, Call, CallFailed, Called};
 use crate::shard::Shard;
+use crate::tls::Stream;
 use crate::trace::{ChildSpan, TraceContext};
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::dag::{self, NodeSpec, NodeState, Plan};
 use serde_json::json;
@@ -78,7 +78,7 @@ struct Outcome {
 /// Handles one workflow request; `Err` only before anything was written.
 pub async fn serve(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     head: &RequestHead,
     body: &[u8],
     request_id: &str,
@@ -217,7 +217,7 @@ pub async fn serve(
 /// The client side: a plain response, or SSE events as chunks. Once a write fails
 /// the rest is dropped (the nodes still finish, so engines are not left half-fed).
 struct Sink<'c> {
-    client: &'c mut TcpStream,
+    client: &'c mut Stream,
     stream: bool,
     open: bool,
 }
@@ -320,7 +320,7 @@ async fn run(
         let watch_client = sink.open && !abandon.is_abandoned();
         let done = monoio::select! {
             done = first_done(&mut running) => Some(done),
-            () = peer_closed(sink.client), if watch_client => None,
+            () = peer_closed(sink.client.tcp()), if watch_client => None,
         };
         let Some((slot, result)) = done else {
             // The client left: every running node ends at its next poll.

@@ -197,8 +197,12 @@ pub(super) fn validate(wire: Vec<DiscoveryWire>, errors: &mut Vec<String>) -> Ve
                 capabilities: d.capabilities,
                 role: d.role,
                 bootstrap_port: d.bootstrap_port,
+                tls_ca: None,
+                tls_server_name: None,
             },
             &at,
+            // Discovered engines are reached over plain HTTP.
+            (None, false),
             errors,
         );
         out.push(DiscoveryConfig {

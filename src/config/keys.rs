@@ -88,6 +88,12 @@ pub const KEYS: &[Key] = &[
     live("server.body_timeout_ms"),
     live("server.max_connections"),
     live("server.shutdown_timeout_ms"),
+    // Read at every reload: a new certificate serves new handshakes (open
+    // connections keep theirs); with the table added or removed, new connections
+    // are accepted with or without TLS.
+    live("server.tls"),
+    live("server.tls.cert"),
+    live("server.tls.key"),
     live("routing.policy"),
     live("routing.allow_policy_header"),
     // Block hashing: a change would change every block hash in the index.
@@ -118,6 +124,8 @@ pub const KEYS: &[Key] = &[
     live("upstream.idle_timeout_ms"),
     live("upstream.pool_max_idle"),
     live("upstream.pool_idle_expiry_ms"),
+    // New upstream connections use it; pooled ones carry on.
+    live("upstream.tls_ca"),
     live("health.interval_ms"),
     live("health.timeout_ms"),
     live("health.unhealthy_threshold"),
@@ -188,6 +196,8 @@ pub const KEYS: &[Key] = &[
     live("backends.*"),
     live("backends.*.id"),
     live("backends.*.url"),
+    live("backends.*.tls_ca"),
+    live("backends.*.tls_server_name"),
     live("backends.*.models"),
     live("backends.*.api_key_env"),
     live("backends.*.cache_blocks"),

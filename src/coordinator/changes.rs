@@ -124,6 +124,13 @@ impl Coordinator {
                 "replaced": summary_replaced,
             },
             "keys": plan.keys_json(),
+            // The files are read at every reload: the certificate new handshakes get.
+            "tls": plan.config.server.tls.as_ref().map(|t| json!({
+                "cert": t.cert,
+                "fingerprint_sha256": t.fingerprint,
+                "changed": self.live.config.server.tls.as_ref()
+                    .is_none_or(|old| old.fingerprint != t.fingerprint),
+            })),
             "changed": plan.keys(Class::Live),
             "restart_required": plan.keys(Class::Restart),
         });

@@ -14,6 +14,7 @@ use crate::http::request::Method;
 use crate::http::response::Utf8Vec;
 use crate::open_conns::OpenConnections;
 use crate::openai::{BodyParser, Endpoint, ModelTable, RequestFacts};
+use crate::tls::Stream;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::{TcpListener, TcpStream};
 use radixgate_orchestrator::{EngineCache, PromptHasher};
@@ -158,8 +159,8 @@ impl Engine {
 
     async fn connection(self: Rc<Self>, stream: TcpStream) {
         let limits = RequestLimits::lenient(64 << 20, Duration::from_secs(300));
-        let mut conn = ClientConn::new(stream, Vec::with_capacity(8192));
-        let _registered = self.conns.register(&conn.stream);
+        let mut conn = ClientConn::new(stream.into(), Vec::with_capacity(8192));
+        let _registered = self.conns.register(conn.stream.tcp());
         loop {
             match conn.read_request(&limits).await {
                 Ok(ReadOutcome::Request) => {}
@@ -935,11 +936,11 @@ async fn work_or_abort(conn: &ClientConn, work: impl std::future::Future<Output 
     monoio::select! {
         biased;
         _ = work => true,
-        _ = crate::http::io::peer_closed(&conn.stream) => false,
+        _ = crate::http::io::peer_closed(conn.stream.tcp()) => false,
     }
 }
 
-async fn send_chunk(stream: &mut TcpStream, event: &mut Vec<u8>) -> bool {
+async fn send_chunk(stream: &mut Stream, event: &mut Vec<u8>) -> bool {
     let mut chunk = Vec::with_capacity(event.len() + 12);
     let _ = write!(Utf8Vec(&mut chunk), "{:x}\r\n", event.len());
     chunk.extend_from_slice(event);
@@ -950,7 +951,7 @@ async fn send_chunk(stream: &mut TcpStream, event: &mut Vec<u8>) -> bool {
 }
 
 async fn reply(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     status: u16,
     content_type: &str,
     body: Vec<u8>,

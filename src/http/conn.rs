@@ -23,8 +23,8 @@ use super::io::{consume_front, read_append, read_up_to};
 use super::request::{parse_request_head, RequestHead};
 use super::BodyFraming;
 use crate::error::{ErrorKind, GatewayError};
+use crate::tls::Stream;
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::time::Duration;
 
@@ -62,7 +62,7 @@ impl RequestLimits {
 pub const MAX_CHUNKED_OVERHEAD: usize = 64 << 10;
 
 pub struct ClientConn {
-    pub stream: TcpStream,
+    pub stream: Stream,
     /// Bytes read but not yet consumed (the start of a pipelined next request).
     buf: Vec<u8>,
     pub head: RequestHead,
@@ -81,7 +81,7 @@ pub enum ReadOutcome {
 }
 
 impl ClientConn {
-    pub fn new(stream: TcpStream, buf: Vec<u8>) -> Self {
+    pub fn new(stream: Stream, buf: Vec<u8>) -> Self {
         Self {
             stream,
             buf,
@@ -91,7 +91,7 @@ impl ClientConn {
     }
 
     /// The socket and the read buffer (to reuse), the rest dropped.
-    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+    pub fn into_parts(self) -> (Stream, Vec<u8>) {
         (self.stream, self.buf)
     }
 

@@ -14,8 +14,8 @@ use std::os::fd::AsRawFd;
 
 /// Reads at least one byte more into `buf` (appended after its current contents),
 /// growing it by at least `min_spare`. Returns the number of bytes read; 0 means EOF.
-pub async fn read_append(
-    stream: &mut TcpStream,
+pub async fn read_append<S: AsyncReadRent>(
+    stream: &mut S,
     buf: &mut Vec<u8>,
     min_spare: usize,
 ) -> io::Result<usize> {
@@ -36,8 +36,8 @@ pub async fn read_append(
 /// declares a large body and sends little holds little memory, and a body costs at
 /// most one extra copy of itself in reallocations (none once a reused buffer is
 /// large enough). Returns the number of bytes read; 0 means EOF.
-pub async fn read_up_to(
-    stream: &mut TcpStream,
+pub async fn read_up_to<S: AsyncReadRent>(
+    stream: &mut S,
     buf: &mut Vec<u8>,
     total: usize,
 ) -> io::Result<usize> {

@@ -29,8 +29,8 @@ use crate::metrics::RequestKey;
 use crate::observe::UsageScanner;
 use crate::openai::RequestFacts;
 use crate::shard::Shard;
+use crate::tls::Stream;
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::Decision;
 use std::fmt::Write as _;
@@ -105,11 +105,11 @@ pub(super) enum Waited {
 /// wait at once. The read itself is never dropped half-done while it may still
 /// complete, only when the wait ends for another reason (and the connection with it).
 pub(super) async fn read_watching(
-    upstream: &mut TcpStream,
+    upstream: &mut Stream,
     buf: &mut Vec<u8>,
     since: Instant,
     deadline: Instant,
-    client: Option<&TcpStream>,
+    client: Option<&Stream>,
 ) -> Waited {
     let mut read = std::pin::pin!(read_append(upstream, buf, 16 << 10));
     let watch_at = since + WATCH_CLIENT_AFTER;
@@ -126,7 +126,7 @@ pub(super) async fn read_watching(
         biased;
         r = &mut read => Waited::Read(r),
         _ = monoio::time::sleep_until(deadline) => Waited::TimedOut,
-        _ = peer_closed(client) => Waited::ClientGone,
+        _ = peer_closed(client.tcp()) => Waited::ClientGone,
     }
 }
 
@@ -274,7 +274,7 @@ impl Exchange<'_> {
     /// [`Failure::Retryable`] (nothing has reached the client yet).
     pub async fn run(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Stream,
         attempt: Attempt<'_>,
     ) -> Result<bool, Failure> {
         let Attempt {
@@ -424,7 +424,7 @@ impl Exchange<'_> {
 
     /// The upstream broke off an SSE stream between two chunks: tell the client in
     /// the stream itself and end the body properly. True when that reached it.
-    async fn end_stream_with_error(&self, client: &mut TcpStream, buf: Vec<u8>) -> bool {
+    async fn end_stream_with_error(&self, client: &mut Stream, buf: Vec<u8>) -> bool {
         let id = self.shard.backend_id(self.backend);
         let e = GatewayError::new(
             ErrorKind::UpstreamProtocol,
@@ -537,8 +537,8 @@ impl Exchange<'_> {
         &mut self,
         request: Vec<u8>,
         body: Option<&Rc<Vec<u8>>>,
-        client: Option<&TcpStream>,
-    ) -> Result<(TcpStream, Vec<u8>, usize, ResponseHead), GatewayError> {
+        client: Option<&Stream>,
+    ) -> Result<(Stream, Vec<u8>, usize, ResponseHead), GatewayError> {
         let shard = self.shard;
         let upstream = shard.fleet.borrow().live.config.upstream.clone();
         let backend = shard.backend(self.backend);
@@ -559,7 +559,7 @@ impl Exchange<'_> {
             let reused = pooled.is_some();
             let mut stream = match pooled {
                 Some(s) => s,
-                None => connect(backend.addr, &backend.id, upstream.connect_timeout).await?,
+                None => connect(&backend, upstream.connect_timeout).await?,
             };
             request.rewind();
             let (sent, req) = request.write_to(&mut stream).await;
@@ -696,7 +696,7 @@ impl Exchange<'_> {
 /// the client.
 pub(super) async fn end_stream_with(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     e: &GatewayError,
     mut buf: Vec<u8>,
 ) -> bool {
@@ -724,16 +724,30 @@ pub struct Attempt<'a> {
     pub may_retry: bool,
 }
 
+/// A new connection to `backend`, its TLS handshake included for an `https://`
+/// one, all within `timeout`.
 async fn connect(
-    addr: std::net::SocketAddr,
-    id: &str,
+    backend: &crate::config::BackendConfig,
     timeout: std::time::Duration,
-) -> Result<TcpStream, GatewayError> {
-    match monoio::time::timeout(timeout, TcpStream::connect_addr(addr)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
+) -> Result<Stream, GatewayError> {
+    let id = &backend.id;
+    let open = async {
+        let s = monoio::net::TcpStream::connect_addr(backend.addr).await?;
+        let _ = s.set_nodelay(true);
+        let stream = match &backend.tls {
+            None => Stream::Plain(s),
+            Some(tls) => {
+                let config = tls.config.clone();
+                let name = tls.server_name.clone();
+                Stream::Tls(Box::new(
+                    crate::tls::TlsStream::connect(s, config, name).await?,
+                ))
+            }
+        };
+        Ok::<_, std::io::Error>(stream)
+    };
+    match monoio::time::timeout(timeout, open).await {
+        Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(GatewayError::new(
             ErrorKind::UpstreamRefused,
             format!("backend `{id}` is unreachable: {e}"),

@@ -36,10 +36,10 @@ use crate::observe::{Usage, UsageScanner};
 use crate::openai::Endpoint;
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
+use crate::tls::Stream;
 use crate::trace::TraceContext;
 use memchr::memmem;
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -372,7 +372,7 @@ enum Continued {
 /// open, and the usage the client was told.
 pub(super) async fn resume(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &Rc<Vec<u8>>,
     mut cut: Cut,
@@ -538,7 +538,7 @@ fn count(shard: &Shard, outcome: usize) {
 /// into the client's stream.
 async fn continue_on(
     exchange: &mut Exchange<'_>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     (request, body): (Vec<u8>, Rc<Vec<u8>>),
     text: &mut StreamText,
     splice: &Splice,

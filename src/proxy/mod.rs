@@ -30,10 +30,10 @@ use crate::openai::{Endpoint, RequestFacts};
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
 use crate::tenants::{QuotaGrant, Tenant, Throttle};
+use crate::tls::Stream;
 use crate::trace::TraceContext;
 use exchange::{router_headers, Attempt, Exchange, Failure};
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::Decision;
 use radixgate_orchestrator::PolicyName;
@@ -72,7 +72,7 @@ struct Request<'a> {
 /// renders the error); `Ok(keep_open)` means a response went out.
 pub async fn forward(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     head: &RequestHead,
     client_body: &Rc<Vec<u8>>,
     endpoint: Endpoint,
@@ -396,7 +396,7 @@ pub(crate) struct Refused<'a> {
 /// 429 with `Retry-After` and the tenant's `X-RateLimit-*` headers.
 pub(crate) async fn answer_throttle(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     refused: &Refused<'_>,
     tenant: &crate::tenants::Tenant,
     throttle: Throttle,
@@ -447,7 +447,7 @@ pub(super) fn count_admission(
 /// `extra` header lines; logs and counts it.
 async fn answer_refusal(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     refused: &Refused<'_>,
     e: &GatewayError,
     mut extra: Vec<u8>,
@@ -497,7 +497,7 @@ fn with_cache_salt(body: &[u8], salt: u64) -> Vec<u8> {
 /// whether the connection stays open, and the final attempt's usage.
 async fn attempt_all(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &Rc<Vec<u8>>,
 ) -> Result<(bool, Usage), GatewayError> {
@@ -795,7 +795,7 @@ fn routed_record(shard: &Shard, req: &Request<'_>, route: &Decision) -> AccessRe
 /// Answers a failed attempt's error, with the router headers of that attempt.
 async fn answer_error(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     error: &GatewayError,
     route: &Decision,
     keep_alive: bool,

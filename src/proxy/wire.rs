@@ -5,9 +5,9 @@
 //! While a write is in flight the runtime owns this value (and with it the head, the
 //! body and the iovecs the kernel reads), so a cancelled write cannot free them early.
 
+use crate::tls::Stream;
 use monoio::buf::IoVecBuf;
 use monoio::io::AsyncWriteRent;
-use monoio::net::TcpStream;
 use std::rc::Rc;
 
 /// A request head and optional body, with the iovecs still to be written.
@@ -80,7 +80,7 @@ impl Outgoing {
     }
 
     /// Writes all that remains; hands the value back either way.
-    pub(crate) async fn write_to(mut self, stream: &mut TcpStream) -> (std::io::Result<()>, Self) {
+    pub(crate) async fn write_to(mut self, stream: &mut Stream) -> (std::io::Result<()>, Self) {
         while self.remaining() > 0 {
             let (r, out) = stream.writev(self).await;
             self = out;

@@ -6,7 +6,8 @@ use crate::config::Config;
 use serde_json::json;
 use std::path::PathBuf;
 
-/// Temporary files the full config names (a tokenizer, two admin token files).
+/// Temporary files the full config names (a tokenizer, two admin token files, a
+/// TLS certificate with its key and CA, and a copy of each under another name).
 struct Files {
     dir: PathBuf,
 }
@@ -20,6 +21,19 @@ impl Files {
             .unwrap();
         std::fs::write(dir.join("token"), "0123456789abcdef-one\n").unwrap();
         std::fs::write(dir.join("token2"), "0123456789abcdef-two\n").unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        for (name, pem) in [
+            ("cert.pem", cert.pem()),
+            ("key.pem", key.serialize_pem()),
+            ("ca.pem", cert.pem()),
+        ] {
+            std::fs::write(dir.join(name), &pem).unwrap();
+            std::fs::write(dir.join(format!("copy-{name}")), &pem).unwrap();
+        }
         Files { dir }
     }
 
@@ -47,6 +61,11 @@ fn full(files: &Files) -> Config {
         cores = [0]
         coordinator_core = 0
         io = "epoll"
+        [server.tls]
+        cert = "{cert}"
+        key = "{key}"
+        [upstream]
+        tls_ca = "{ca}"
         [routing]
         tokenizer = "{tokenizer}"
         chat_template = "none.jinja"
@@ -92,6 +111,10 @@ fn full(files: &Files) -> Config {
         models = ["split"]
         role = "decode"
         [[backends]]
+        id = "h0"
+        url = "https://127.0.0.1:9005"
+        models = ["m"]
+        [[backends]]
         id = "p0"
         url = "http://127.0.0.1:9002"
         models = ["split"]
@@ -105,6 +128,9 @@ fn full(files: &Files) -> Config {
         "#,
         tokenizer = files.path("tokenizer.json"),
         token = files.path("token"),
+        cert = files.path("cert.pem"),
+        key = files.path("key.pem"),
+        ca = files.path("ca.pem"),
     ))
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -198,6 +224,10 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
         "tiers.*.shed_pressure" => vec![json!(2.0)],
         "tenants.*.keys" => vec![json!([digest2])],
         "backends.*.url" => vec![json!("http://127.0.0.1:9009")],
+        "server.tls.cert" => vec![json!(files.path("copy-cert.pem"))],
+        "server.tls.key" => vec![json!(files.path("copy-key.pem"))],
+        "upstream.tls_ca" | "backends.*.tls_ca" => vec![json!(files.path("copy-ca.pem"))],
+        "backends.*.tls_server_name" => vec![json!("localhost")],
         "backends.*.models" => vec![json!(["m2"])],
         "backends.*.api_key_env" => vec![json!("PATH")],
         "backends.*.capabilities" => vec![json!(["text", "image"])],
@@ -213,7 +243,7 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
 }
 
 /// Keys no single change can exercise here, and why.
-const UNCHANGEABLE: [(&str, &str); 13] = [
+const UNCHANGEABLE: [(&str, &str); 14] = [
     (
         "discovery.*.name",
         "names the entry: a new name is an entry removed and one added",
@@ -229,6 +259,10 @@ const UNCHANGEABLE: [(&str, &str); 13] = [
     (
         "discovery.*.bootstrap_port",
         "only a prefill entry takes one (the entry serves whole)",
+    ),
+    (
+        "server.tls",
+        "a table: its keys change alone here, and tests/tls.rs starts with and without it",
     ),
     (
         "backends.*.id",

@@ -42,9 +42,9 @@ use crate::metrics::RequestKey;
 use crate::observe::{Usage, UsageScanner};
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
+use crate::tls::Stream;
 use crate::trace::{ChildSpan, TraceContext};
 use monoio::io::AsyncWriteRentExt;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use radixgate_orchestrator::{Decision, LocalWhy, PairOutcome, Reason};
 use std::future::Future;
@@ -73,7 +73,7 @@ enum Split {
 /// Serves a request to a split model; see the module docs.
 pub(super) async fn forward(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &Rc<Vec<u8>>,
     split: &DisaggConfig,
@@ -220,7 +220,7 @@ pub(super) async fn forward(
 /// routing and failover, with `X-Router-Reason: disagg-local`.
 async fn local(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &Rc<Vec<u8>>,
     blocks: Arc<[u64]>,
@@ -245,7 +245,7 @@ enum Leg {
 /// ([`answer`]), else `error`.
 async fn give_up(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     last: Option<(GatewayError, Decision, Leg)>,
     tries: u32,
@@ -263,7 +263,7 @@ async fn give_up(
 /// leg's is counted here, against the prefill backend.
 async fn answer(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     e: &GatewayError,
     route: &Decision,
@@ -302,7 +302,7 @@ struct Pair<'a> {
 
 async fn vllm(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &[u8],
     pair: &Pair<'_>,
@@ -320,7 +320,7 @@ async fn vllm(
     };
     let span = crate::trace::start_child(&TraceContext::of(req.head));
     let request = prefill_request(shard, req, p, &leg_body, span);
-    let leave = peer_closed(client);
+    let leave = peer_closed(client.tcp());
     let params = match prefill_leg(shard, p, request, (split.prefill_timeout, leave), span).await {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
@@ -355,7 +355,7 @@ async fn vllm(
 
 async fn sglang(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     body: &[u8],
     pair: &Pair<'_>,
@@ -524,7 +524,7 @@ async fn prefill_leg(
 /// Runs the decode leg, streaming its answer to the client.
 async fn decode_leg(
     shard: &Rc<Shard>,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     route: &Decision,
     body: &[u8],
@@ -644,7 +644,7 @@ fn left_during_prefill(shard: &Shard, req: &Request<'_>, route: &Decision, tries
 /// prefill backend (after `retries` failed tries).
 async fn relay(
     shard: &Shard,
-    client: &mut TcpStream,
+    client: &mut Stream,
     req: &Request<'_>,
     route: &Decision,
     (status, body): (u16, &[u8]),
