@@ -219,10 +219,13 @@ fn rotation_by_reload(io: &str) {
     write_leaf(&tag, &second);
     let summary = gw.reload().unwrap_or_else(|e| panic!("{}", e.message));
     assert_eq!(summary["tls"]["changed"], true, "{summary}");
-    let new = connect(gw.local_addr(), &pki);
-    assert_eq!(
-        peer_leaf(&new),
-        second.der,
+    // Each shard applies the reload's fleet snapshot between requests, so a
+    // connection accepted in the same instant may still get the old certificate.
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || peer_leaf(&connect(
+            gw.local_addr(),
+            &pki
+        )) == second.der),
         "a new connection gets the new cert"
     );
     // The connection opened before the reload carries on with its certificate.
