@@ -11,8 +11,6 @@ use radixgate::engine_sim::{EngineConfig, EngineHandle};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-const TOKEN: &str = "test-admin-token-lora-0123456789";
-
 fn engine(io: &str, loras: &[&str]) -> EngineHandle {
     start_engine(
         io,
@@ -25,10 +23,10 @@ fn engine(io: &str, loras: &[&str]) -> EngineHandle {
 
 /// A gateway over `engines` (ids e0, e1, ...), prefix-aware, with the admin API.
 fn gateway(io: &str, engines: &[&EngineHandle]) -> radixgate::Gateway {
-    let token = temp_file("lora-admin-token", &format!("{TOKEN}\n"));
+    // The shared token file: written once, so no gateway reads it half-written.
     let extra = format!(
         "[routing]\npolicy = \"prefix_aware\"\n[health]\ninterval_ms = 100\nunhealthy_threshold = 1\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"",
-        token.display()
+        token_file()
     );
     let ids: Vec<String> = (0..engines.len()).map(|i| format!("e{i}")).collect();
     let backends: Vec<_> = engines
