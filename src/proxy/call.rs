@@ -15,7 +15,7 @@ use super::route::{route, routing_facts, ProbeGuard};
 use super::{parse_prompt, with_cache_salt, write_upstream_head_for, UpstreamHead};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
-use crate::observe::{Usage, UsageScanner};
+use crate::observe::Usage;
 use crate::openai::Endpoint;
 use crate::shard::Shard;
 use crate::trace::TraceContext;
@@ -128,21 +128,13 @@ pub async fn call(
     );
     request.extend_from_slice(body);
     let mut exchange = Exchange {
-        shard,
-        backend,
-        started,
-        first_byte: None,
         pending_prefill: Some(shard.shared.pending_prefill.enter(
             shard.id,
             backend,
             route.uncached_tokens,
             std::time::Instant::now(),
         )),
-        usage: UsageScanner::default(),
-        status: 0,
-        retry_from_status: 500,
-        first_byte_timeout: None,
-        collect: None,
+        ..Exchange::new(shard, backend, started)
     };
     match exchange.fetch(request, max_bytes, leave).await {
         Ok(body) => {

@@ -243,6 +243,26 @@ pub(super) struct Exchange<'s> {
     pub collect: Option<Box<StreamText>>,
 }
 
+impl<'s> Exchange<'s> {
+    /// An attempt on `backend` timed from `started`, before anything happened: not
+    /// in the pending prefill, retried from 500, the configured first-byte timeout,
+    /// the stream not watched. Callers set what differs with struct update syntax.
+    pub fn new(shard: &'s Rc<Shard>, backend: usize, started: Instant) -> Self {
+        Exchange {
+            shard,
+            backend,
+            started,
+            first_byte: None,
+            pending_prefill: None,
+            usage: UsageScanner::default(),
+            status: 0,
+            retry_from_status: 500,
+            first_byte_timeout: None,
+            collect: None,
+        }
+    }
+}
+
 impl Exchange<'_> {
     /// The client left: the attempt is logged and counted as 499 (not the upstream's
     /// status), and ends as [`CLIENT_GONE`] (not the backend's fault).

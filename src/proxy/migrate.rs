@@ -32,7 +32,7 @@ use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
 use crate::http::response::Utf8Vec;
 use crate::metrics::STREAM_MIGRATION_OUTCOMES;
-use crate::observe::{Usage, UsageScanner};
+use crate::observe::Usage;
 use crate::openai::Endpoint;
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
@@ -431,21 +431,13 @@ pub(super) async fn resume(
         let _probe = ProbeGuard::enter(shard, &decision);
         let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
         let mut exchange = Exchange {
-            shard,
-            backend,
-            started: Instant::now(),
-            first_byte: None,
             pending_prefill: Some(shard.shared.pending_prefill.enter(
                 shard.id,
                 backend,
                 decision.uncached_tokens,
                 std::time::Instant::now(),
             )),
-            usage: UsageScanner::default(),
-            status: 0,
-            retry_from_status: 500,
-            first_byte_timeout: None,
-            collect: None,
+            ..Exchange::new(shard, backend, Instant::now())
         };
         let mut request = shard.take_buffer();
         write_upstream_head(

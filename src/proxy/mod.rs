@@ -25,7 +25,6 @@ use crate::fleet::InFlightGuard;
 use crate::http::request::RequestHead;
 use crate::http::response::Utf8Vec;
 use crate::observe::Usage;
-use crate::observe::UsageScanner;
 use crate::openai::{Endpoint, RequestFacts};
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
@@ -611,21 +610,14 @@ async fn attempt_all(
             crate::trace::id_of(attempt_span),
         );
         let mut exchange = Exchange {
-            shard,
-            backend,
-            started,
-            first_byte: None,
             pending_prefill: Some(shared.pending_prefill.enter(
                 shard.id,
                 backend,
                 route.uncached_tokens,
                 decided.into_std(),
             )),
-            usage: UsageScanner::default(),
-            status: 0,
-            retry_from_status: 500,
-            first_byte_timeout: None,
             collect: migrate_streams.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
+            ..Exchange::new(shard, backend, started)
         };
         let result = exchange
             .run(

@@ -39,7 +39,7 @@ use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::fleet::InFlightGuard;
 use crate::http::io::peer_closed;
 use crate::metrics::RequestKey;
-use crate::observe::{Usage, UsageScanner};
+use crate::observe::Usage;
 use crate::otlp::SpanKind;
 use crate::shard::Shard;
 use crate::tls::Stream;
@@ -476,18 +476,10 @@ async fn prefill_leg(
 ) -> Result<(u16, Vec<u8>), GatewayError> {
     let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
     let started = Instant::now();
+    // Split requests are not counted in the pending prefill yet.
     let mut exchange = Exchange {
-        shard,
-        backend,
-        started,
-        first_byte: None,
-        // Split requests are not counted in the pending prefill yet.
-        pending_prefill: None,
-        usage: UsageScanner::default(),
-        status: 0,
-        retry_from_status: 500,
         first_byte_timeout: Some(timeout),
-        collect: None,
+        ..Exchange::new(shard, backend, started)
     };
     let fetch = exchange.fetch(request, PREFILL_RESPONSE_LIMIT, leave);
     let fetched = monoio::time::timeout(timeout, fetch).await;
@@ -547,18 +539,11 @@ async fn decode_leg(
     );
     request.extend_from_slice(body);
     let leg_started = Instant::now();
+    // TTFT and total time are the client's, from the request's start.
     let mut exchange = Exchange {
-        shard,
-        backend,
-        // TTFT and total time are the client's, from the request's start.
-        started: req.started,
-        first_byte: None,
-        pending_prefill: None,
-        usage: UsageScanner::default(),
-        status: 0,
         retry_from_status: 400,
         first_byte_timeout: Some(split.decode_first_byte_timeout),
-        collect: None,
+        ..Exchange::new(shard, backend, req.started)
     };
     let result = exchange
         .run(
