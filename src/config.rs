@@ -373,6 +373,9 @@ struct PrefixAwareWire {
     /// Use each backend's learned delay per request ahead instead of
     /// `queue_ms_per_request` once one is learned.
     learn_queue_cost: bool,
+    /// Share of a cold prefill charged per cached block a placement would evict
+    /// (0: eviction is free, the ablation).
+    eviction_weight: f64,
 }
 
 impl Default for PrefixAwareWire {
@@ -385,6 +388,7 @@ impl Default for PrefixAwareWire {
             queue_ms_per_request: d.queue_ns_per_request as f64 / 1e6,
             prefill_us_per_token: d.default_prefill_ns_per_token as f64 / 1e3,
             learn_queue_cost: d.learned_queue_cost,
+            eviction_weight: d.eviction_weight,
         }
     }
 }
@@ -1089,7 +1093,120 @@ fn check_cores(cores: &[usize], host_cores: usize, errors: &mut Vec<String>) {
 }
 
 fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
-    let s = wire.server;
+    let server = validate_server(wire.server, errors);
+    let routing = validate_routing(wire.routing, errors);
+    let upstream = validate_upstream(wire.upstream, errors);
+    let default_ca = tls::default_ca(upstream.tls_ca.as_deref(), errors);
+
+    let health = validate_health(wire.health, errors);
+    let (backends, discovery, split_models) = validate_backends(
+        wire.backends,
+        wire.discovery,
+        wire.models,
+        (default_ca.as_ref(), upstream.tls_ca.is_some()),
+        errors,
+    );
+    let retry = validate_retry(wire.retry, errors);
+    let breaker = validate_breaker(wire.breaker, errors);
+    let admin = validate_admin(wire.admin, errors);
+    let json =
+        enum_value("log.format", &wire.log.format, LogFormat::Text, errors) == LogFormat::Json;
+    let log = LogConfig {
+        json,
+        level: wire.log.level,
+        access: wire.log.access,
+    };
+    let isolation = &wire.tenancy.prefix_isolation;
+    let tenant_prefix_isolation = enum_value(
+        "tenancy.prefix_isolation",
+        isolation,
+        PrefixIsolation::Global,
+        errors,
+    ) == PrefixIsolation::Tenant;
+    let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
+    let workflows = workflows::validate(wire.workflows, errors);
+    let tenants = validate_tenants(wire.tenants, &tiers, errors);
+    if wire.auth.required && tenants.is_empty() {
+        errors.push("auth.required: no [[tenants]] with keys are configured".into());
+    }
+    check_precise(&routing, tenant_prefix_isolation, &backends, errors);
+    Config {
+        server,
+        routing,
+        upstream,
+        health,
+        retry,
+        breaker,
+        admin,
+        log,
+        traces: traces::validate(wire.traces, errors),
+        cluster: cluster::validate(wire.cluster, errors),
+        auth_required: wire.auth.required,
+        tenant_prefix_isolation,
+        admission,
+        workflows,
+        capacity: capacity::validate(wire.capacity, errors),
+        tenants,
+        backends,
+        discovery,
+        split_models,
+        source: None,
+        file: serde_json::Value::Null,
+    }
+}
+
+/// `[[backends]]`, `[[discovery]]` and `[[models]]` (split prefill/decode pools):
+/// unique ids, and every backend and discovery template checked against the pools.
+fn validate_backends(
+    backends_wire: Vec<BackendWire>,
+    discovery_wire: Vec<discovery::DiscoveryWire>,
+    models_wire: std::collections::BTreeMap<String, disagg::ModelWire>,
+    default_ca: (Option<&tls::CaFile>, bool),
+    errors: &mut Vec<String>,
+) -> (Vec<BackendConfig>, Vec<DiscoveryConfig>, SplitModels) {
+    if backends_wire.is_empty() && discovery_wire.is_empty() {
+        errors
+            .push("backends: at least one [[backends]] or [[discovery]] entry is required".into());
+    }
+    let discovery = discovery::validate(discovery_wire, errors);
+    let mut backends = Vec::with_capacity(backends_wire.len());
+    for (i, b) in backends_wire.into_iter().enumerate() {
+        if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
+            errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
+        }
+        backends.push(validate_backend(
+            b,
+            &format!("backends[{i}]"),
+            default_ca,
+            errors,
+        ));
+    }
+    let split_models = disagg::validate_models(models_wire, errors);
+    for (i, b) in backends.iter().enumerate() {
+        disagg::check_backend(b, &split_models, &format!("backends[{i}]"), errors);
+    }
+    for (i, d) in discovery.iter().enumerate() {
+        disagg::check_backend(
+            &d.template,
+            &split_models,
+            &format!("discovery[{i}]"),
+            errors,
+        );
+    }
+    if !backends.is_empty() || !discovery.is_empty() {
+        // Discovered backends count as their entry's template.
+        let all: Vec<BackendConfig> = backends
+            .iter()
+            .cloned()
+            .chain(discovery.iter().map(|d| d.template.clone()))
+            .collect();
+        disagg::check_pools(&split_models, &all, errors);
+    }
+    (backends, discovery, split_models)
+}
+
+/// `[server]`.
+fn validate_server(s: ServerWire, errors: &mut Vec<String>) -> ServerConfig {
     let listen = s.listen.parse().unwrap_or_else(|_| {
         errors.push(format!(
             "server.listen: `{}` is not an IP:port socket address",
@@ -1120,7 +1237,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if s.max_connections == 0 {
         errors.push("server.max_connections: must be at least 1".into());
     }
-    let server = ServerConfig {
+    ServerConfig {
         listen,
         shards,
         cores: s.cores,
@@ -1144,9 +1261,11 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         max_connections: s.max_connections,
         shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms),
         tls: tls::server(s.tls, errors),
-    };
+    }
+}
 
-    let r = wire.routing;
+/// `[routing]` and `[routing.prefix_aware]`.
+fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
     let policy = r.policy.parse().unwrap_or_else(|e| {
         errors.push(format!("routing.policy: {e}"));
         PolicyName::RoundRobin
@@ -1173,6 +1292,9 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     let p = r.prefix_aware;
     if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
         errors.push("routing.prefix_aware.hysteresis: must be a non-negative number".into());
+    }
+    if !(p.eviction_weight >= 0.0 && p.eviction_weight.is_finite()) {
+        errors.push("routing.prefix_aware.eviction_weight: must be a non-negative number".into());
     }
     if !(p.queue_ms_per_request >= 0.0 && p.queue_ms_per_request.is_finite()) {
         errors.push(
@@ -1206,6 +1328,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         saturation_inflight: p.saturation_inflight,
         hysteresis: p.hysteresis,
         learned_queue_cost: p.learn_queue_cost,
+        eviction_weight: p.eviction_weight,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1223,7 +1346,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if r.rag_max_chunks == 0 {
         errors.push("routing.rag_max_chunks: must be at least 1".into());
     }
-    let routing = RoutingConfig {
+    RoutingConfig {
         policy,
         allow_policy_header: r.allow_policy_header,
         block_bytes,
@@ -1239,10 +1362,12 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
         rag_field: r.rag_field,
         rag_chunk_weight: r.rag_chunk_weight,
         rag_max_chunks: r.rag_max_chunks,
-    };
+    }
+}
 
-    let u = wire.upstream;
-    let upstream = UpstreamConfig {
+/// `[upstream]`.
+fn validate_upstream(u: UpstreamWire, errors: &mut Vec<String>) -> UpstreamConfig {
+    UpstreamConfig {
         connect_timeout: millis(u.connect_timeout_ms, "upstream.connect_timeout_ms", errors),
         first_byte_timeout: millis(
             u.first_byte_timeout_ms,
@@ -1257,64 +1382,29 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             errors,
         ),
         tls_ca: u.tls_ca,
-    };
-    let default_ca = tls::default_ca(upstream.tls_ca.as_deref(), errors);
+    }
+}
 
-    let h = wire.health;
+/// `[health]`.
+fn validate_health(h: HealthWire, errors: &mut Vec<String>) -> HealthConfig {
     if h.unhealthy_threshold == 0 {
         errors.push("health.unhealthy_threshold: must be at least 1".into());
     }
     if h.healthy_threshold == 0 {
         errors.push("health.healthy_threshold: must be at least 1".into());
     }
-    let health = HealthConfig {
+    HealthConfig {
         interval: millis(h.interval_ms, "health.interval_ms", errors),
         timeout: millis(h.timeout_ms, "health.timeout_ms", errors),
         unhealthy_threshold: h.unhealthy_threshold,
         healthy_threshold: h.healthy_threshold,
         scrape_interval: (h.scrape_interval_ms > 0)
             .then(|| Duration::from_millis(h.scrape_interval_ms)),
-    };
+    }
+}
 
-    if wire.backends.is_empty() && wire.discovery.is_empty() {
-        errors
-            .push("backends: at least one [[backends]] or [[discovery]] entry is required".into());
-    }
-    let discovery = discovery::validate(wire.discovery, errors);
-    let mut backends = Vec::with_capacity(wire.backends.len());
-    for (i, b) in wire.backends.into_iter().enumerate() {
-        if backends.iter().any(|prev: &BackendConfig| prev.id == b.id) {
-            errors.push(format!("backends[{i}].id: duplicate id `{}`", b.id));
-        }
-        backends.push(validate_backend(
-            b,
-            &format!("backends[{i}]"),
-            (default_ca.as_ref(), upstream.tls_ca.is_some()),
-            errors,
-        ));
-    }
-    let split_models = disagg::validate_models(wire.models, errors);
-    for (i, b) in backends.iter().enumerate() {
-        disagg::check_backend(b, &split_models, &format!("backends[{i}]"), errors);
-    }
-    for (i, d) in discovery.iter().enumerate() {
-        disagg::check_backend(
-            &d.template,
-            &split_models,
-            &format!("discovery[{i}]"),
-            errors,
-        );
-    }
-    if !backends.is_empty() || !discovery.is_empty() {
-        // Discovered backends count as their entry's template.
-        let all: Vec<BackendConfig> = backends
-            .iter()
-            .cloned()
-            .chain(discovery.iter().map(|d| d.template.clone()))
-            .collect();
-        disagg::check_pools(&split_models, &all, errors);
-    }
-    let rw = wire.retry;
+/// `[retry]`.
+fn validate_retry(rw: RetryWire, errors: &mut Vec<String>) -> RetryConfig {
     let max_attempts = NonZeroU32::new(rw.max_attempts).unwrap_or_else(|| {
         errors.push("retry.max_attempts: must be at least 1".into());
         NonZeroU32::MIN
@@ -1325,45 +1415,39 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
     if !(rw.min_retries_per_sec >= 0.0 && rw.min_retries_per_sec.is_finite()) {
         errors.push("retry.min_retries_per_sec: must be a non-negative number".into());
     }
-    let retry = RetryConfig {
+    RetryConfig {
         max_attempts,
         budget_ratio: rw.budget_ratio,
         min_retries_per_sec: rw.min_retries_per_sec,
         migrate_streams: rw.migrate_streams,
         max_stream_migrations: rw.max_stream_migrations,
-    };
-    let bw = wire.breaker;
+    }
+}
+
+/// `[breaker]`.
+fn validate_breaker(bw: BreakerWire, errors: &mut Vec<String>) -> BreakerConfig {
     if bw.failure_threshold == 0 {
         errors.push("breaker.failure_threshold: must be at least 1".into());
     }
     if bw.half_open_probes == 0 {
         errors.push("breaker.half_open_probes: must be at least 1".into());
     }
-    let breaker = BreakerConfig {
+    BreakerConfig {
         failure_threshold: bw.failure_threshold,
         open: millis(bw.open_ms, "breaker.open_ms", errors),
         half_open_probes: bw.half_open_probes,
-    };
-    let admin = validate_admin(wire.admin, errors);
-    let json =
-        enum_value("log.format", &wire.log.format, LogFormat::Text, errors) == LogFormat::Json;
-    let log = LogConfig {
-        json,
-        level: wire.log.level,
-        access: wire.log.access,
-    };
-    let isolation = &wire.tenancy.prefix_isolation;
-    let tenant_prefix_isolation = enum_value(
-        "tenancy.prefix_isolation",
-        isolation,
-        PrefixIsolation::Global,
-        errors,
-    ) == PrefixIsolation::Tenant;
-    let (admission, tiers) = admission::validate(wire.admission, wire.tiers, errors);
-    let workflows = workflows::validate(wire.workflows, errors);
-    let mut tenants = Vec::with_capacity(wire.tenants.len());
+    }
+}
+
+/// `[[tenants]]`: unique names, key digests used once, positive rates, known tiers.
+fn validate_tenants(
+    wire: Vec<TenantWire>,
+    tiers: &std::collections::BTreeMap<String, admission::TierConfig>,
+    errors: &mut Vec<String>,
+) -> Vec<TenantConfig> {
+    let mut tenants = Vec::with_capacity(wire.len());
     let mut seen_keys = std::collections::HashSet::new();
-    for (i, t) in wire.tenants.into_iter().enumerate() {
+    for (i, t) in wire.into_iter().enumerate() {
         if t.name.is_empty() || tenants.iter().any(|p: &TenantConfig| p.name == t.name) {
             errors.push(format!("tenants[{i}].name: must be non-empty and unique"));
         }
@@ -1391,7 +1475,7 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             errors.push(format!("tenants[{i}].max_concurrency: must be at least 1"));
         }
         let tier_config =
-            admission::resolve_tier(&tiers, &t.tier, &format!("tenants[{i}].tier"), errors);
+            admission::resolve_tier(tiers, &t.tier, &format!("tenants[{i}].tier"), errors);
         tenants.push(TenantConfig {
             name: t.name,
             tier: t.tier,
@@ -1402,9 +1486,17 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
             max_concurrency: t.max_concurrency,
         });
     }
-    if wire.auth.required && tenants.is_empty() {
-        errors.push("auth.required: no [[tenants]] with keys are configured".into());
-    }
+    tenants
+}
+
+/// Precise mode's constraints across sections: no per-tenant salt, and KV-event
+/// sources only with precise hashing.
+fn check_precise(
+    routing: &RoutingConfig,
+    tenant_prefix_isolation: bool,
+    backends: &[BackendConfig],
+    errors: &mut Vec<String>,
+) {
     let precise = matches!(
         &routing.hashing,
         Hashing::Tokens {
@@ -1434,29 +1526,6 @@ fn validate(wire: ConfigFile, errors: &mut Vec<String>) -> Config {
                  matched by the engine's own token blocks)"
             ));
         }
-    }
-    Config {
-        server,
-        routing,
-        upstream,
-        health,
-        retry,
-        breaker,
-        admin,
-        log,
-        traces: traces::validate(wire.traces, errors),
-        cluster: cluster::validate(wire.cluster, errors),
-        auth_required: wire.auth.required,
-        tenant_prefix_isolation,
-        admission,
-        workflows,
-        capacity: capacity::validate(wire.capacity, errors),
-        tenants,
-        backends,
-        discovery,
-        split_models,
-        source: None,
-        file: serde_json::Value::Null,
     }
 }
 
@@ -1719,6 +1788,26 @@ mod tests {
         Config::from_toml(&format!(
             "[routing]\n{extra}\n[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n"
         ))
+    }
+
+    #[test]
+    fn eviction_weight_is_read_and_checked() {
+        let c = routing("[routing.prefix_aware]\neviction_weight = 0.0").unwrap();
+        assert_eq!(c.routing.prefix_aware.eviction_weight, 0.0);
+        let default = routing("").unwrap();
+        assert_eq!(
+            default.routing.prefix_aware.eviction_weight,
+            radixgate_orchestrator::policy::prefix_aware::EVICTION_WEIGHT
+        );
+        for bad in ["-0.5", "nan", "inf"] {
+            let err = routing(&format!("[routing.prefix_aware]\neviction_weight = {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("routing.prefix_aware.eviction_weight: must be a non-negative number"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -207,7 +207,8 @@ struct RealArgs {
     /// Policies (X-Router-Policy values), comma-separated; `prefix_aware_precise` is
     /// prefix_aware on a second gateway in precise mode (tokenizer, chat template and
     /// the engines' KV events); `prefix_aware_fixed_queue` is prefix_aware on a gateway
-    /// that does not learn the delay per request ahead (the ablation).
+    /// that does not learn the delay per request ahead, `prefix_aware_no_eviction` one
+    /// that does not price eviction (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -79,8 +79,11 @@ pub struct RealConfig {
 /// The policy name that selects the precise-mode gateway.
 pub const PRECISE: &str = "prefix_aware_precise";
 /// The policy name that selects prefix_aware on a gateway that does not use learned
-/// queue costs (`routing.prefix_aware.learn_queue_cost = false`): the ablation.
+/// queue costs (`routing.prefix_aware.learn_queue_cost = false`): an ablation.
 pub const FIXED_QUEUE: &str = "prefix_aware_fixed_queue";
+/// The policy name that selects prefix_aware on a gateway that does not price
+/// eviction (`routing.prefix_aware.eviction_weight = 0`): an ablation.
+pub const NO_EVICTION: &str = "prefix_aware_no_eviction";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -91,6 +94,8 @@ enum Variant {
     Precise,
     /// Bytes mode with the fixed per-request queue cost.
     FixedQueue,
+    /// Bytes mode with eviction free.
+    NoEviction,
 }
 
 impl Variant {
@@ -99,6 +104,7 @@ impl Variant {
         match policy {
             PRECISE => (Variant::Precise, "prefix_aware"),
             FIXED_QUEUE => (Variant::FixedQueue, "prefix_aware"),
+            NO_EVICTION => (Variant::NoEviction, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -108,6 +114,7 @@ impl Variant {
             Variant::Bytes => "bytes",
             Variant::Precise => "precise",
             Variant::FixedQueue => "fixed-queue",
+            Variant::NoEviction => "no-eviction",
         }
     }
 }
@@ -476,8 +483,14 @@ impl Gateway {
                 cfg.model
             );
         }
-        if variant == Variant::FixedQueue {
-            toml.push_str("\n[routing.prefix_aware]\nlearn_queue_cost = false\n");
+        match variant {
+            Variant::FixedQueue => {
+                toml.push_str("\n[routing.prefix_aware]\nlearn_queue_cost = false\n")
+            }
+            Variant::NoEviction => {
+                toml.push_str("\n[routing.prefix_aware]\neviction_weight = 0.0\n")
+            }
+            Variant::Bytes | Variant::Precise => {}
         }
         toml.push_str(
             "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n\n[log]\naccess = false\n",

@@ -20,8 +20,11 @@
 //! Candidates are ranked by the estimate plus the cost of what the placement evicts
 //! ([`PrefixAware::eviction_ns`]): a prompt's missing blocks beyond the backend's free
 //! cache room (`cache_free_blocks`, from the index) push out as many blocks it holds
-//! now, charged at [`EVICTION_WEIGHT`] of their prefill. That cost is ranking only,
-//! not part of the estimate that admission compares with a TTFT budget.
+//! now, charged at `eviction_weight` (default [`EVICTION_WEIGHT`]) of their prefill.
+//! That cost is ranking only, not part of the estimate that admission compares with a
+//! TTFT budget. It is also what bounds the replication of a hot prefix: a spill into a
+//! full cache has to promise a first token earlier by more than the eviction it causes,
+//! so a prefix gains holders only while its load outweighs what copying it costs.
 //!
 //! The second term is the queue as the engine sees it: what the requests ahead still
 //! have to prefill, so a backend whose queue holds cache hits is cheap and one whose
@@ -154,6 +157,10 @@ pub struct PrefixAwareConfig {
     /// ([`Candidate::queue_ns_per_request`]) where it has one; off, every backend
     /// costs `queue_ns_per_request` (the ablation).
     pub learned_queue_cost: bool,
+    /// Share of a cold prefill charged per block a placement evicts
+    /// ([`PrefixAware::eviction_ns`]; default [`EVICTION_WEIGHT`]; 0 turns the term off,
+    /// the ablation). Negative, NaN or infinite values count as 0.
+    pub eviction_weight: f64,
 }
 
 impl Default for PrefixAwareConfig {
@@ -166,6 +173,7 @@ impl Default for PrefixAwareConfig {
             saturation_inflight: 64,
             hysteresis: 0.1,
             learned_queue_cost: true,
+            eviction_weight: EVICTION_WEIGHT,
         }
     }
 }
@@ -180,6 +188,7 @@ pub struct PrefixAware {
     /// `1 + hysteresis`.
     band: f64,
     learned_queue_cost: bool,
+    eviction_weight: f64,
 }
 
 // === impl PrefixAware ===
@@ -195,6 +204,7 @@ impl PrefixAware {
             saturation: u64::from(config.saturation_inflight),
             band: 1.0 + non_negative(config.hysteresis),
             learned_queue_cost: config.learned_queue_cost,
+            eviction_weight: non_negative(config.eviction_weight),
         }
     }
 
@@ -215,12 +225,15 @@ impl PrefixAware {
 
     /// What placing the prompt on this backend costs later, in ns: its missing blocks
     /// beyond the cache's free room evict as many blocks it holds now, which some later
-    /// request will have to prefill again, charged at [`EVICTION_WEIGHT`] of a cold
+    /// request will have to prefill again, charged at `eviction_weight` of a cold
     /// prefill each. Not part of the TTFT estimate (the request itself does not wait
     /// for it): it only ranks candidates, so a spill into a full cache has to promise
     /// a clearly earlier first token than staying where the prompt is cached.
     pub fn eviction_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
-        let Some(free) = candidate.cache_free_blocks else {
+        let Some(free) = candidate
+            .cache_free_blocks
+            .filter(|_| self.eviction_weight > 0.0)
+        else {
             return 0.0;
         };
         let evicted = prompt_blocks
@@ -229,7 +242,7 @@ impl PrefixAware {
         if evicted == 0 {
             return 0.0;
         }
-        EVICTION_WEIGHT
+        self.eviction_weight
             * self.prefill_ns_per_token(candidate)
             * self.tokens_per_block
             * f64::from(evicted)

@@ -67,6 +67,7 @@ fn default_config() {
             saturation_inflight: 64,
             hysteresis: 0.1,
             learned_queue_cost: true,
+            eviction_weight: 0.25,
         }
     );
 }
@@ -382,6 +383,26 @@ fn a_spill_into_a_full_cache_pays_for_what_it_evicts() {
     assert_eq!(p.eviction_ns(&target(Some(0)), 100), 8.0 * MS);
     assert_eq!(p.eviction_ns(&target(Some(100)), 100), 0.0);
     assert_eq!(p.eviction_ns(&c(0, 0, 96), 100), 0.0);
+
+    // The ablation: at weight 0 a full cache is priced like an empty one, so the
+    // holder keeps the prompt only up to six ahead, as without cache room known.
+    let mut off = PrefixAware::new(&PrefixAwareConfig {
+        eviction_weight: 0.0,
+        ..base()
+    });
+    assert_eq!(off.eviction_ns(&target(Some(0)), 100), 0.0);
+    let cands = [c(0, 7, 96), target(Some(0))];
+    assert_eq!(
+        pick(&mut off, &cands, 100),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let p = PrefixAware::new(&PrefixAwareConfig {
+            eviction_weight: bad,
+            ..base()
+        });
+        assert_eq!(p.eviction_ns(&target(Some(0)), 100), 0.0, "{bad}");
+    }
 }
 
 #[test]
