@@ -1060,6 +1060,13 @@ fn kv_events_source(b: &BackendWire, at: &str, errors: &mut Vec<String>) -> Opti
     })
 }
 
+/// Reports `key` unless `value` is a finite number ≥ 0.
+fn check_non_negative(value: f64, key: &str, errors: &mut Vec<String>) {
+    if !(value >= 0.0 && value.is_finite()) {
+        errors.push(format!("{key}: must be a non-negative number"));
+    }
+}
+
 fn millis(ms: u64, key: &str, errors: &mut Vec<String>) -> Duration {
     if ms == 0 {
         errors.push(format!("{key}: must be greater than 0"));
@@ -1290,21 +1297,19 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         errors.push("routing.max_sessions: must be at least 1".into());
     }
     let p = r.prefix_aware;
-    if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
-        errors.push("routing.prefix_aware.hysteresis: must be a non-negative number".into());
-    }
-    if !(p.eviction_weight >= 0.0 && p.eviction_weight.is_finite()) {
-        errors.push("routing.prefix_aware.eviction_weight: must be a non-negative number".into());
-    }
-    if !(p.queue_ms_per_request >= 0.0 && p.queue_ms_per_request.is_finite()) {
-        errors.push(
-            "routing.prefix_aware.queue_ms_per_request: must be a non-negative number".into(),
-        );
-    }
-    if !(p.prefill_us_per_token >= 0.0 && p.prefill_us_per_token.is_finite()) {
-        errors.push(
-            "routing.prefix_aware.prefill_us_per_token: must be a non-negative number".into(),
-        );
+    for (value, key) in [
+        (p.hysteresis, "routing.prefix_aware.hysteresis"),
+        (p.eviction_weight, "routing.prefix_aware.eviction_weight"),
+        (
+            p.queue_ms_per_request,
+            "routing.prefix_aware.queue_ms_per_request",
+        ),
+        (
+            p.prefill_us_per_token,
+            "routing.prefix_aware.prefill_us_per_token",
+        ),
+    ] {
+        check_non_negative(value, key, errors);
     }
     if p.saturation_inflight == 0 {
         errors.push("routing.prefix_aware.saturation_inflight: must be at least 1".into());
@@ -1409,12 +1414,8 @@ fn validate_retry(rw: RetryWire, errors: &mut Vec<String>) -> RetryConfig {
         errors.push("retry.max_attempts: must be at least 1".into());
         NonZeroU32::MIN
     });
-    if !(rw.budget_ratio >= 0.0 && rw.budget_ratio.is_finite()) {
-        errors.push("retry.budget_ratio: must be a non-negative number".into());
-    }
-    if !(rw.min_retries_per_sec >= 0.0 && rw.min_retries_per_sec.is_finite()) {
-        errors.push("retry.min_retries_per_sec: must be a non-negative number".into());
-    }
+    check_non_negative(rw.budget_ratio, "retry.budget_ratio", errors);
+    check_non_negative(rw.min_retries_per_sec, "retry.min_retries_per_sec", errors);
     RetryConfig {
         max_attempts,
         budget_ratio: rw.budget_ratio,

@@ -156,11 +156,11 @@ pub(super) fn validate_models(
             errors,
         );
         let always = mode == SplitMode::Always;
-        if !(d.transfer_us_per_token >= 0.0 && d.transfer_us_per_token.is_finite()) {
-            errors.push(format!(
-                "{at}.transfer_us_per_token: must be a non-negative number"
-            ));
-        }
+        super::check_non_negative(
+            d.transfer_us_per_token,
+            &format!("{at}.transfer_us_per_token"),
+            errors,
+        );
         for (key, v) in [
             ("prefill_attempts", d.prefill_attempts),
             ("decode_attempts", d.decode_attempts),

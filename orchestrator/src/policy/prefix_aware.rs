@@ -230,10 +230,7 @@ impl PrefixAware {
     /// for it): it only ranks candidates, so a spill into a full cache has to promise
     /// a clearly earlier first token than staying where the prompt is cached.
     pub fn eviction_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
-        let Some(free) = candidate
-            .cache_free_blocks
-            .filter(|_| self.eviction_weight > 0.0)
-        else {
+        let Some(free) = candidate.cache_free_blocks else {
             return 0.0;
         };
         let evicted = prompt_blocks
