@@ -7,7 +7,7 @@
 //! canonical stream while [`BodyParser`](crate::openai::BodyParser) feeds it (one
 //! rendering, see `radixgate_orchestrator::prompt`), then [`TokenHasher::hash`]
 //! tokenizes it with the configured Hugging Face `tokenizer.json` and hashes the ids
-//! in blocks of `routing.block_tokens` with the same chained xxh3, seeded the same
+//! in blocks of `routing.block_tokens` with the same chained block hash, seeded the same
 //! way (model ^ tenant ^ `cache_salt`). Each canonical item (the tools, a message, a
 //! completion prompt) is tokenized on its own and the ids are concatenated, as a chat
 //! template's special tokens would split them; so an item's ids do not depend on

@@ -56,13 +56,16 @@ pub fn backend_key(url: &str) -> BackendKey {
 
 /// The fleet's routing fingerprint: replicas publish it in every batch and drop
 /// batches with another, so a replica that cuts or hashes prompts differently
-/// (block size, hashing mode, model seeds) cannot pollute the shared index. The
-/// seeds' order does not matter.
+/// (block size, block hash function, hashing mode, model seeds) cannot pollute the
+/// shared index. The seeds' order does not matter.
 pub fn fingerprint(block_bytes: usize, hashing: &str, model_seeds: &[u64]) -> u64 {
     let mut seeds = model_seeds.to_vec();
     seeds.sort_unstable();
     seeds.dedup();
-    let mut b = Vec::with_capacity(16 + hashing.len() + seeds.len() * 8);
+    let block_hash = radixgate_orchestrator::prompt::BLOCK_HASH;
+    let mut b = Vec::with_capacity(24 + block_hash.len() + hashing.len() + seeds.len() * 8);
+    b.extend_from_slice(&(block_hash.len() as u64).to_le_bytes());
+    b.extend_from_slice(block_hash.as_bytes());
     b.extend_from_slice(&(block_bytes as u64).to_le_bytes());
     b.extend_from_slice(&(hashing.len() as u64).to_le_bytes());
     b.extend_from_slice(hashing.as_bytes());

@@ -24,10 +24,27 @@ fn reference(block: usize, seed: u64, bytes: &[u8]) -> Vec<u64> {
     bytes
         .chunks_exact(block)
         .map(|b| {
-            prev = xxh3_64_with_seed(b, prev);
+            prev = block_hash(b, prev);
             prev
         })
         .collect()
+}
+
+/// Both of `block_hash`'s paths (the 64-byte one and the general one) are rapidhash
+/// v3 as the crate's plain entry point computes it, at every length.
+#[test]
+fn block_hash_is_rapidhash_v3_at_every_length() {
+    let bytes = sample(300);
+    for len in 0..=bytes.len() {
+        for chain in [0, 1, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let secrets = RapidSecrets {
+                seed: chain,
+                ..BLOCK_SECRETS
+            };
+            let expected = rapidhash::v3::rapidhash_v3_seeded(&bytes[..len], &secrets);
+            assert_eq!(block_hash(&bytes[..len], chain), expected, "length {len}");
+        }
+    }
 }
 
 fn sample(len: usize) -> Vec<u8> {
@@ -77,7 +94,7 @@ fn chained_same_content_at_different_positions_differs() {
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(sorted.len(), h.len());
-    assert_eq!(h[0], xxh3_64_with_seed(b"aaaaaaaa", 3));
+    assert_eq!(h[0], block_hash(b"aaaaaaaa", 3));
     assert_ne!(h[1], h[0]);
 }
 
@@ -124,7 +141,7 @@ fn affinity_key() {
     assert_eq!(h.affinity_key(), None);
 
     h.feed(b"short");
-    assert_eq!(h.affinity_key(), Some(xxh3_64_with_seed(b"short", 11)));
+    assert_eq!(h.affinity_key(), Some(block_hash(b"short", 11)));
     let mut other = hasher(16, 12);
     other.feed(b"short");
     assert_ne!(other.affinity_key(), h.affinity_key());
