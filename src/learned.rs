@@ -7,7 +7,13 @@
 //! `cached_tokens` (the engine's own count, so `uncached` is exact):
 //!
 //! - **Prefill** is learned from requests that found nothing in flight on their
-//!   backend: `ttft / uncached`.
+//!   backend: the median of the last [`PREFILL_SAMPLES`] values of `ttft / uncached`.
+//!   A median, because one request can meet a delay that is not the engine's rate: on
+//!   a CPU host where two engines share a core, a 196-token prefill once took a
+//!   second (5.4 ms a token against the usual 0.4–0.9). A weighted mean took a fifth
+//!   of that sample and made the engine look three times slower than it was, after
+//!   which it drew no more traffic that could correct it (`radixgate-bench real`,
+//!   multiturn); a decayed ratio of sums was no better (2.1 ms a token).
 //! - **Queue** is learned from requests that found `k ≥ 1` ahead: what their wait
 //!   exceeded their own prefill and the prefill queued ahead of them (at the learned
 //!   rate), divided by `k`. On a simulated engine a request ahead costs a few
@@ -15,19 +21,27 @@
 //!   every batch the new prefill joins), and without this the cost model's fixed
 //!   exchange rate let affinity pile requests onto one engine.
 //!
-//! Each is an exponentially weighted mean (1/5 on the new sample), per shard, with no
-//! lock: a shard learns from what it routed. 0 means not learned yet (the policy then
-//! uses its configured default).
+//! The queue cost is an exponentially weighted mean (1/5 on the new sample). Both are
+//! per shard, with no lock: a shard learns from what it routed. 0 means not learned
+//! yet (the policy then uses its configured default).
 
 /// Samples come only from responses with at least this many uncached prompt tokens
 /// (shorter ones are dominated by fixed overheads).
 pub const MIN_LEARN_TOKENS: u64 = 64;
 
+/// How many recent per-token prefill samples the learned rate is the median of.
+pub const PREFILL_SAMPLES: usize = 5;
+
 /// The learned costs of one backend (0: not learned yet).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LearnedCost {
+    /// The median of `recent_prefill`.
     pub prefill_ns_per_token: u32,
     pub queue_ns_per_request: u32,
+    /// The last samples of the prefill rate, oldest overwritten first; 0: none yet.
+    recent_prefill: [u32; PREFILL_SAMPLES],
+    /// Where the next sample goes in `recent_prefill`.
+    next: u8,
 }
 
 /// One finished request, as far as learning needs it.
@@ -50,8 +64,11 @@ impl LearnedCost {
         }
         match s.in_flight_before {
             0 => {
-                let sample = clamp(s.ttft_ns / s.uncached_tokens);
-                self.prefill_ns_per_token = ewma(self.prefill_ns_per_token, sample);
+                // At least 1 ns, as below.
+                let sample = clamp(s.ttft_ns / s.uncached_tokens).max(1);
+                self.recent_prefill[usize::from(self.next)] = sample;
+                self.next = (self.next + 1) % PREFILL_SAMPLES as u8;
+                self.prefill_ns_per_token = median(&self.recent_prefill);
             }
             // A split request's leg (`u32::MAX`) is not a whole request's wait.
             u32::MAX => {}
@@ -65,6 +82,18 @@ impl LearnedCost {
             // Without a prefill rate the excess cannot be told apart.
             _ => {}
         }
+    }
+}
+
+/// The median of the non-zero entries (the mean of the middle two for an even count).
+fn median(samples: &[u32; PREFILL_SAMPLES]) -> u32 {
+    let mut sorted = *samples;
+    sorted.sort_unstable();
+    let taken = &sorted[sorted.iter().take_while(|&&x| x == 0).count()..];
+    match taken.len() {
+        0 => 0,
+        n if n % 2 == 1 => taken[n / 2],
+        n => ((u64::from(taken[n / 2 - 1]) + u64::from(taken[n / 2])) / 2) as u32,
     }
 }
 
@@ -120,11 +149,30 @@ mod tests {
         assert_eq!(free.queue_ns_per_request, 1);
     }
 
+    /// The trace that motivated the median: an engine's third request met a second
+    /// of delay that was not its rate.
+    #[test]
+    fn one_slow_request_does_not_set_the_prefill_rate() {
+        let mut l = LearnedCost::default();
+        l.learn(sample(118, 309, 0, 0)); // 0.38 ms a token
+        assert_eq!(l.prefill_ns_per_token, 381_877);
+        l.learn(sample(258, 298, 0, 0)); // 0.87: the mean of two
+        assert_eq!(l.prefill_ns_per_token, (381_877 + 865_771) / 2);
+        l.learn(sample(1068, 196, 0, 0)); // 5.45: an outlier
+        assert_eq!(l.prefill_ns_per_token, 865_771);
+        // Only the last five count: five slow samples are the engine's rate now.
+        for _ in 0..PREFILL_SAMPLES {
+            l.learn(sample(2000, 1000, 0, 0));
+        }
+        assert_eq!(l.prefill_ns_per_token, 2_000_000);
+    }
+
     #[test]
     fn short_prompts_and_split_legs_teach_nothing() {
         let mut l = LearnedCost {
             prefill_ns_per_token: 1_000,
             queue_ns_per_request: 5_000,
+            ..LearnedCost::default()
         };
         let before = l;
         l.learn(sample(500, MIN_LEARN_TOKENS - 1, 0, 0));

@@ -545,6 +545,35 @@ fn ties_go_to_the_least_loaded_then_the_rng() {
 }
 
 #[test]
+fn equal_loads_go_to_the_most_free_cache_room() {
+    let mut p = defaults();
+    let room = |backend, in_flight, matched, free| Candidate {
+        cache_free_blocks: free,
+        ..c(backend, in_flight, matched)
+    };
+    // An idle fleet and a new prefix: the cache with the most room, whatever the seed.
+    let cands = [
+        room(0, 0, 0, Some(10)),
+        room(1, 0, 0, Some(300)),
+        room(2, 0, 0, None),
+    ];
+    assert_eq!(spread(&mut p, &cands, 50, Reason::NoMatch), 0b010);
+    // Load still comes first.
+    let cands = [room(0, 0, 0, Some(10)), room(1, 2, 0, Some(300))];
+    assert_eq!(pick(&mut p, &cands, 50), picked(0, Reason::NoMatch));
+    // Between equally loaded holders of the same match, too; and equal rooms are
+    // still shared by seed.
+    let cands = [
+        room(0, 1, 40, Some(5)),
+        room(1, 1, 40, Some(80)),
+        room(2, 0, 0, Some(900)),
+    ];
+    assert_eq!(spread(&mut p, &cands, 50, Reason::LongestPrefix), 0b010);
+    let cands = [room(0, 1, 40, Some(80)), room(1, 1, 40, Some(80))];
+    assert_eq!(spread(&mut p, &cands, 50, Reason::LongestPrefix), 0b011);
+}
+
+#[test]
 fn within_the_band_the_longest_match_beats_a_lower_estimate() {
     // Idle backend: 100 × 0.32 ms = 32 ms. Holder of 30: 5 ms × L + 22.4 ms.
     let config = |hysteresis| PrefixAwareConfig {
