@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use radixgate::engine_sim::EngineConfig;
 use radixgate::tenants::hash_key;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A chat body whose prompt is `kb` KB: 16 blocks per KB, each estimated at 16
 /// tokens × 20 µs of prefill, so about 5 ms of estimated TTFT per KB on a cold fleet.
@@ -255,8 +255,13 @@ fn progress_on_a_queued_prefill_is_credited(io: &str) {
     let gw = start_gateway(io, 1, "", &[("e0", engine.url(), "sim")]);
     let addr = gw.local_addr();
     // 200 KB: 3200 blocks × 16 tokens × 20 µs ≈ 1024 ms estimated; the engine takes
-    // about as long before its first byte.
+    // about as long before its first byte. The bounds below follow from clock
+    // readings around each step, not from how fast this host runs: the engine's
+    // progress on it is at most the time since `sent` and at least the time since
+    // `seen`.
+    const QUEUED_MS: f64 = 1024.0;
     let mut long = Client::connect(addr);
+    let sent = Instant::now();
     long.send(&post_bytes(
         "/v1/chat/completions",
         &long_body("delta", 200, false, 1),
@@ -271,18 +276,31 @@ fn progress_on_a_queued_prefill_is_credited(io: &str) {
         .is_some_and(|t| t > 0.0)
     }));
     // The gateway sent it by now: from here on the engine has been prefilling it.
-    let sent_by = std::time::Instant::now();
+    let seen = Instant::now();
     let tight = [("X-SLO-TTFT-Ms", "1")];
     let early = refused_estimate_ms(&post(addr, &chat_body("early", false), &tight));
-    assert!(early > 300.0, "the queued prefill still counts: {early} ms");
-    std::thread::sleep(Duration::from_millis(600).saturating_sub(sent_by.elapsed()));
-    // At least 600 ms of it are done: at most ~424 ms (+ a request ahead and this
-    // prompt) are left. Charged its whole prompt it was over 1000 ms.
+    let most_progress = ms(sent.elapsed());
+    assert!(
+        early >= QUEUED_MS - most_progress - 10.0,
+        "the queued prefill still counts: {early} ms, {most_progress} ms after it was sent"
+    );
+    std::thread::sleep(Duration::from_millis(600).saturating_sub(seen.elapsed()));
     let later = refused_estimate_ms(&post(addr, &chat_body("later", false), &tight));
-    assert!(later < 440.0, "{later} ms (early: {early} ms)");
-    // So a budget the fleet can now meet is admitted.
-    let r = post(addr, &chat_body("fits", false), &[("X-SLO-TTFT-Ms", "800")]);
-    assert_eq!(r.status, 200, "{}", r.text());
+    let fits = post(addr, &chat_body("fits", false), &[("X-SLO-TTFT-Ms", "800")]);
+    // Past the estimate, a queue that has not answered counts whole again (the
+    // module docs of the cost model say why); only a host stalled for most of a
+    // second gets there before the engine answers.
+    if sent.elapsed() < Duration::from_millis(950) {
+        // At least 600 ms of it are done: at most ~424 ms (+ a request ahead and
+        // this prompt) are left. Charged its whole prompt it was over 1000 ms.
+        assert!(later < 440.0, "{later} ms (early: {early} ms)");
+        // So a budget the fleet can now meet is admitted.
+        assert_eq!(fits.status, 200, "{}", fits.text());
+    }
     assert_eq!(long.read_response().status, 200);
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 both_drivers!(progress_on_a_queued_prefill_is_credited);

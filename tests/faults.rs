@@ -64,8 +64,17 @@ fn backend_killed_under_load(io: &str) {
     let addr = gw.local_addr();
     let mut engines = engines;
     let victim = engines.remove(1);
+    // Killed once it has answered ten of its ~107 requests: under load however fast
+    // or slow this host runs.
     let killer = std::thread::spawn(move || {
-        pause(Duration::from_millis(150));
+        let answered = || {
+            let m = Client::connect(addr).get("/metrics").text();
+            m.lines()
+                .filter(|l| l.starts_with("radixgate_requests_total{backend=\"e1\",status=\"200\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        assert!(eventually(Duration::from_secs(10), || answered() >= 10.0));
         victim.stop();
     });
     let counts = load(addr, 8, 40);
