@@ -299,8 +299,8 @@ fn progress_on_a_queued_prefill_is_credited(io: &str) {
     }
     assert_eq!(long.read_response().status, 200);
 }
+both_drivers!(progress_on_a_queued_prefill_is_credited);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
-both_drivers!(progress_on_a_queued_prefill_is_credited);

@@ -69,10 +69,7 @@ fn backend_killed_under_load(io: &str) {
     let killer = std::thread::spawn(move || {
         let answered = || {
             let m = Client::connect(addr).get("/metrics").text();
-            m.lines()
-                .filter(|l| l.starts_with("radixgate_requests_total{backend=\"e1\",status=\"200\""))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
+            metric_sum(&m, "radixgate_requests_total{backend=\"e1\",status=\"200\"")
         };
         assert!(eventually(Duration::from_secs(10), || answered() >= 10.0));
         victim.stop();

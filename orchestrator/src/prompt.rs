@@ -92,7 +92,7 @@ const BLOCK_SECRETS: RapidSecrets = RapidSecrets::seed(0x7261_6469_7867_6174); /
 
 /// One block's hash, seeded with the previous block's (`chain`): rapidhash v3 with
 /// the chain as its seed. It is the request path's largest single cost (every 64
-/// bytes of prompt), and rapidhash takes about 40 instructions for a 64-byte block
+/// bytes of prompt), and rapidhash takes about 30–40 instructions for a 64-byte block
 /// where xxh3 took about 70 (`perf/callgrind.sh`). The default 64-byte block (16
 /// token ids in token mode) takes a path compiled for exactly that length; other
 /// sizes take the general one, which gives the same hashes.
@@ -109,11 +109,7 @@ pub fn block_hash(block: &[u8], chain: u64) -> u64 {
 /// drops its branches on the length (measured: 40 against 80 instructions a block).
 #[inline(never)]
 fn block_hash_64(block: &[u8; 64], chain: u64) -> u64 {
-    let secrets = RapidSecrets {
-        seed: chain,
-        ..BLOCK_SECRETS
-    };
-    rapidhash_v3_inline::<true, false, false>(block, &secrets)
+    rapidhash_v3_inline::<true, false, false>(block, &chained(chain))
 }
 
 /// [`block_hash`] of a block of any other length. `COMPACT` only unrolls less (the
@@ -121,11 +117,15 @@ fn block_hash_64(block: &[u8; 64], chain: u64) -> u64 {
 /// from [`block_hash_64`]'s.
 #[inline(never)]
 fn block_hash_any(block: &[u8], chain: u64) -> u64 {
-    let secrets = RapidSecrets {
+    rapidhash_v3_inline::<true, true, false>(block, &chained(chain))
+}
+
+/// [`BLOCK_SECRETS`] seeded with the previous block's hash.
+fn chained(chain: u64) -> RapidSecrets {
+    RapidSecrets {
         seed: chain,
         ..BLOCK_SECRETS
-    };
-    rapidhash_v3_inline::<true, true, false>(block, &secrets)
+    }
 }
 
 /// Seed of a prompt's hash chain: prompts for different models never share blocks.

@@ -302,10 +302,19 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// The value of a metric line starting with `prefix` (name plus labels).
 pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    metric_values(text, prefix).next()
+}
+
+/// The sum over every metric line starting with `prefix` (a labelled prefix of a
+/// series split by further labels).
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    metric_values(text, prefix).sum()
+}
+
+fn metric_values<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = f64> + 'a {
     text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .filter(move |l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 // === a scripted upstream ===
