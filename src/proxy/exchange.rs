@@ -130,6 +130,39 @@ pub(super) async fn read_watching(
     }
 }
 
+/// How the wait for the next piece of a response body ended ([`next_body_piece`]).
+pub(super) enum BodyPiece {
+    /// More bytes are in the buffer.
+    Bytes,
+    /// The upstream closed a body that runs until close: that is its end.
+    Ended,
+    ClientGone,
+    /// The upstream closed early or failed the read.
+    Broke,
+    /// Nothing came for the idle timeout.
+    Idle,
+}
+
+/// Reads the next piece of a response body into `buf` (cleared first), waiting at
+/// most `idle_timeout` and watching `client` ([`read_watching`]).
+pub(super) async fn next_body_piece(
+    upstream: &mut Stream,
+    buf: &mut Vec<u8>,
+    idle_timeout: std::time::Duration,
+    client: &Stream,
+    tracker: &BodyTracker,
+) -> BodyPiece {
+    buf.clear();
+    let now = Instant::now();
+    match read_watching(upstream, buf, now, now + idle_timeout, Some(client)).await {
+        Waited::Read(Ok(n)) if n > 0 => BodyPiece::Bytes,
+        Waited::Read(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => BodyPiece::Ended,
+        Waited::Read(_) => BodyPiece::Broke,
+        Waited::ClientGone => BodyPiece::ClientGone,
+        Waited::TimedOut => BodyPiece::Idle,
+    }
+}
+
 /// The client left (a failed write, or a close seen while waiting). Built only by
 /// [`Exchange::client_gone`], which also records the 499.
 const CLIENT_GONE: Failure = Failure::AfterResponse {
@@ -369,27 +402,17 @@ impl Exchange<'_> {
 
         // The rest of the body, piece by piece as it arrives.
         while !tracker.done() {
-            buf.clear();
-            let now = Instant::now();
-            let read = read_watching(
-                &mut upstream,
-                &mut buf,
-                now,
-                now + idle_timeout,
-                Some(&*client),
-            )
-            .await;
-            match read {
-                Waited::Read(Ok(n)) if n > 0 => {}
-                Waited::Read(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
+            match next_body_piece(&mut upstream, &mut buf, idle_timeout, client, &tracker).await {
+                BodyPiece::Bytes => {}
+                BodyPiece::Ended => {
                     shard.give_buffer(buf);
                     return Ok(false);
                 }
-                Waited::ClientGone => {
+                BodyPiece::ClientGone => {
                     shard.give_buffer(buf);
                     return Err(self.client_gone());
                 }
-                Waited::Read(_)
+                BodyPiece::Broke
                     if resp.event_stream
                         && tracker.at_chunk_boundary()
                         && self
@@ -400,7 +423,7 @@ impl Exchange<'_> {
                     shard.give_buffer(buf);
                     return Err(Failure::StreamCut { keep_client });
                 }
-                _ => {
+                BodyPiece::Broke | BodyPiece::Idle => {
                     let ended_cleanly = resp.event_stream
                         && tracker.at_chunk_boundary()
                         && self.end_stream_with_error(client, buf).await;

@@ -25,7 +25,7 @@
 //! `retry.max_stream_migrations` is spent, the stream ends as it does without
 //! migration: a last `data:` event with the error in OpenAI's shape.
 
-use super::exchange::{end_stream_with, read_watching, BodyTracker, Exchange, Waited};
+use super::exchange::{end_stream_with, next_body_piece, BodyPiece, BodyTracker, Exchange};
 use super::route::{roll_back, route, routing_facts, ProbeGuard};
 use super::{write_upstream_head, Request};
 use crate::error::{ErrorKind, GatewayError};
@@ -593,29 +593,19 @@ async fn continue_on(
         if tracker.done() {
             break;
         }
-        buf.clear();
         start = 0;
-        let now = Instant::now();
-        let read = read_watching(
-            &mut upstream,
-            &mut buf,
-            now,
-            now + idle_timeout,
-            Some(&*client),
-        )
-        .await;
-        match read {
-            Waited::Read(Ok(n)) if n > 0 => {}
-            Waited::Read(Ok(_)) if matches!(tracker, BodyTracker::UntilClose) => {
+        match next_body_piece(&mut upstream, &mut buf, idle_timeout, client, &tracker).await {
+            BodyPiece::Bytes => {}
+            BodyPiece::Ended => {
                 reusable = false;
                 break;
             }
-            Waited::ClientGone => {
+            BodyPiece::ClientGone => {
                 shard.give_buffer(buf);
                 shard.give_buffer(framed);
                 return Continued::ClientGone;
             }
-            _ => {
+            BodyPiece::Broke | BodyPiece::Idle => {
                 shard.give_buffer(buf);
                 shard.give_buffer(framed);
                 return Continued::Cut;
