@@ -33,6 +33,7 @@ pub mod plots;
 pub mod real;
 pub mod replay;
 pub mod report;
+pub mod schedule;
 pub mod sim;
 pub mod tail;
 pub mod trace;

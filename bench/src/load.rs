@@ -6,8 +6,9 @@
 //! as long as `concurrency` exceeds the requests in flight (the run reports how late
 //! the latest start was when it does not: see [`RunResult::max_late`]).
 //!
-//! Requests are numbered from one shared counter, so the set of bodies sent is the same
-//! for a given workload and seed whichever thread sends which. Plain threads and
+//! Requests are numbered by one shared [`Schedule`], so the set of bodies sent is the
+//! same for a given workload and seed whichever thread sends which; a conversation's
+//! next turn waits for the previous turn's answer. Plain threads and
 //! blocking sockets are enough for the loopback concurrencies this drives, and keep
 //! the generator's own overhead easy to reason about.
 
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::http::{Client, HttpError, Target};
 use crate::report::Stats;
+use crate::schedule::{Next, Schedule};
 use crate::workload::Workload;
 
 /// Most connection threads a run may start.
@@ -119,7 +121,7 @@ impl Arrivals {
 pub fn run(cfg: &LoadConfig, workload: &Workload) -> std::io::Result<RunResult> {
     assert!(cfg.concurrency >= 1, "concurrency must be at least 1");
     let threads = cfg.concurrency.min(MAX_CONCURRENCY);
-    let next = AtomicU64::new(0);
+    let schedule = Schedule::new(workload, cfg.requests);
     let start = Instant::now();
     let deadline = cfg.duration.map(|d| start + d);
     let arrivals = cfg
@@ -129,12 +131,12 @@ pub fn run(cfg: &LoadConfig, workload: &Workload) -> std::io::Result<RunResult> 
     let stats = thread::scope(|scope| {
         let mut handles = Vec::with_capacity(threads);
         for k in 0..threads {
-            let (next, arrivals) = (&next, arrivals.as_ref());
+            let (schedule, arrivals) = (&schedule, arrivals.as_ref());
             let handle = thread::Builder::new()
                 .name(format!("radixgate-bench-conn-{k}"))
                 .stack_size(256 * 1024)
                 .spawn_scoped(scope, move || {
-                    worker(cfg, workload, next, (start, deadline), arrivals)
+                    worker(cfg, workload, schedule, (start, deadline), arrivals)
                 })?;
             handles.push(handle);
         }
@@ -162,7 +164,7 @@ pub fn run(cfg: &LoadConfig, workload: &Workload) -> std::io::Result<RunResult> 
 fn worker(
     cfg: &LoadConfig,
     workload: &Workload,
-    next: &AtomicU64,
+    schedule: &Schedule<'_>,
     (start, deadline): (Instant, Option<Instant>),
     arrivals: Option<&Arrivals>,
 ) -> (Stats, Vec<Trace>) {
@@ -179,21 +181,22 @@ fn worker(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        // Relaxed: the counter only hands out distinct numbers; nothing else is ordered by it.
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if cfg.requests.is_some_and(|n| i >= n) {
+        let Next::Send(i) = schedule.take(deadline) else {
             break;
-        }
+        };
         if let Some(arrivals) = arrivals {
             let at = arrivals.take();
             if deadline.is_some_and(|d| at >= d) {
+                schedule.finish(i);
                 break;
             }
             arrivals.wait_until(at);
         }
         let body = workload.body(i);
         let sent = start.elapsed();
-        match client.send(&body) {
+        let sent_result = client.send(&body);
+        schedule.finish(i);
+        match sent_result {
             Ok(exchange) => {
                 connect_failures = 0;
                 stats.record(&exchange);

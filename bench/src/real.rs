@@ -127,6 +127,10 @@ pub struct Row {
     pub stats: Stats,
     /// Engine prefix-cache hit rate over the run, from `/metrics` deltas.
     pub engine_hit_rate: Option<f64>,
+    /// Requests the engines preempted during the run (`vllm:num_preemptions_total`
+    /// deltas): a running request lost its KV blocks to another and is recomputed,
+    /// the sign of more prompts on one engine than its KV cache holds at once.
+    pub preemptions: Option<u64>,
     /// The oracle's hit rate on the same requests with the fleet's capacity.
     pub ceiling_hit_rate: f64,
     /// Share of the requests sent whose TTFT met the SLO (failures miss).
@@ -257,11 +261,17 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     seed: 1,
                     trace: true,
                 };
-                let before = fleet.prefix_cache_counters();
+                let before = fleet.counters();
                 let result = load::run(&load_cfg, &workload).map_err(|e| e.to_string())?;
-                let after = fleet.prefix_cache_counters();
+                let after = fleet.counters();
                 let engine_hit_rate = match (before, after) {
-                    (Some((h0, q0)), Some((h1, q1))) if q1 > q0 => Some((h1 - h0) / (q1 - q0)),
+                    (Some(b), Some(a)) if a.queries > b.queries => {
+                        Some((a.hits - b.hits) / (a.queries - b.queries))
+                    }
+                    _ => None,
+                };
+                let preemptions = match (before, after) {
+                    (Some(b), Some(a)) => Some((a.preemptions - b.preemptions).max(0.0) as u64),
                     _ => None,
                 };
                 let ceiling_hit_rate =
@@ -273,6 +283,7 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     goodput: Row::goodput_of(&result.stats, cfg.slo_ms),
                     stats: result.stats,
                     engine_hit_rate,
+                    preemptions,
                     ceiling_hit_rate,
                     elapsed: result.elapsed,
                     traces: result.traces,
@@ -288,7 +299,7 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
 
 fn row_line(r: &Row) -> String {
     format!(
-        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms p99 {:.0} ms, goodput {:.1}%, engine hit {} of ceiling {:.1}%, cached {} ({:.1} s)",
+        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms p99 {:.0} ms, goodput {:.1}%, engine hit {} of ceiling {:.1}%, cached {}, preemptions {} ({:.1} s)",
         r.workload,
         r.concurrency,
         r.policy,
@@ -301,8 +312,13 @@ fn row_line(r: &Row) -> String {
         pct(r.engine_hit_rate),
         100.0 * r.ceiling_hit_rate,
         pct(r.stats.cached_share()),
+        count(r.preemptions),
         r.elapsed.as_secs_f64()
     )
+}
+
+fn count(v: Option<u64>) -> String {
+    v.map_or("n/a".into(), |n| n.to_string())
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -320,9 +336,9 @@ pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
         let _ = writeln!(out, "\n### {w}\n");
         let _ = writeln!(
             out,
-            "| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | goodput (TTFT ≤ {slo_ms} ms) | engine hit rate | ceiling | cached_tokens share |"
+            "| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | goodput (TTFT ≤ {slo_ms} ms) | engine hit rate | ceiling | cached_tokens share | preemptions |"
         );
-        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in rows.iter().filter(|r| r.workload == w) {
             let baseline = rows.iter().find(|b| {
                 b.workload == w && b.concurrency == r.concurrency && b.policy == "round_robin"
@@ -335,7 +351,7 @@ pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
             let q = |p: f64| r.stats.ttft.value_at_quantile(p) as f64 / 1e3;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {:.1}% | {} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {:.1}% | {} | {} |",
                 r.concurrency,
                 r.policy,
                 r.stats.ok,
@@ -349,10 +365,19 @@ pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
                 pct(r.engine_hit_rate),
                 100.0 * r.ceiling_hit_rate,
                 pct(r.stats.cached_share()),
+                count(r.preemptions),
             );
         }
     }
     out
+}
+
+/// Prefix-cache and preemption counters, as vLLM exports them.
+#[derive(Clone, Copy, Default)]
+struct EngineCounters {
+    hits: f64,
+    queries: f64,
+    preemptions: f64,
 }
 
 /// The engines, stopped by `fleet.sh stop` (SIGTERM by PID) on drop.
@@ -431,12 +456,14 @@ impl Fleet {
     }
 
     /// Sum over engines of (prefix-cache hits, queries), in tokens.
-    fn prefix_cache_counters(&self) -> Option<(f64, f64)> {
-        let mut sum = (0.0, 0.0);
+    /// The engines' counters summed over the fleet (`None` when one cannot be read).
+    fn counters(&self) -> Option<EngineCounters> {
+        let mut sum = EngineCounters::default();
         for (_, addr, _) in &self.engines {
             let text = http_get(*addr, "/metrics").ok()?;
-            sum.0 += counter(&text, "vllm:prefix_cache_hits_total")?;
-            sum.1 += counter(&text, "vllm:prefix_cache_queries_total")?;
+            sum.hits += counter(&text, "vllm:prefix_cache_hits_total")?;
+            sum.queries += counter(&text, "vllm:prefix_cache_queries_total")?;
+            sum.preemptions += counter(&text, "vllm:num_preemptions_total")?;
         }
         Some(sum)
     }

@@ -10,7 +10,9 @@
 //!   shares a long prefix with the others about it.
 //! - `multiturn`: conversations that grow a turn per request; each request repeats
 //!   the earlier turns (with canned assistant replies, not the engine's real ones, to
-//!   stay deterministic), so turn `t+1` extends turn `t`'s prompt.
+//!   stay deterministic), so turn `t+1` extends turn `t`'s prompt. A turn is only
+//!   sent once the previous one has been answered ([`Workload::follows`]), as a user
+//!   reads the reply before writing the next turn.
 
 use crate::json;
 
@@ -132,6 +134,20 @@ impl Workload {
                     messages.iter().map(|(r, m)| (*r, m.as_str())).collect();
                 chat_body(&self.cfg, &borrowed)
             }
+        }
+    }
+
+    /// The request that request `i` must wait for: the previous turn of its
+    /// conversation (`multiturn`, from the second turn on), whose reply it quotes, so
+    /// no user could send it before that reply arrived. `None` for the first turn and
+    /// for the other shapes.
+    pub fn follows(&self, i: u64) -> Option<u64> {
+        match self.cfg.kind {
+            Kind::Multiturn => {
+                let (_, _, turn) = self.multiturn_pos(i);
+                (turn > 0).then(|| i - self.cfg.conversations as u64)
+            }
+            Kind::Fixed | Kind::Docs => None,
         }
     }
 
@@ -399,5 +415,23 @@ mod tests {
         assert!(common_prefix(&a, &b) < 150);
         assert_eq!(w.multiturn_pos(12), (0, 1, 0));
         assert_ne!(w.body(12), w.body(0));
+    }
+
+    #[test]
+    fn a_turn_follows_its_conversations_previous_turn_only() {
+        let w = Workload::new(WorkloadConfig {
+            conversations: 4,
+            turns: 3,
+            ..cfg(Kind::Multiturn)
+        });
+        // Turn 0 of every conversation, and turn 0 of the next generation, follow nothing.
+        for i in [0, 1, 2, 3, 12, 15] {
+            assert_eq!(w.follows(i), None, "{i}");
+        }
+        assert_eq!(w.follows(4), Some(0));
+        assert_eq!(w.follows(11), Some(7));
+        assert_eq!(w.follows(16), Some(12));
+        let docs = Workload::new(cfg(Kind::Docs));
+        assert!((0..50).all(|i| docs.follows(i).is_none()));
     }
 }
