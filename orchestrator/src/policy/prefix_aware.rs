@@ -38,7 +38,9 @@
 //! queued work means the prefill cost is under-estimated for this engine (had it been
 //! right, the queue would have answered by now): what is left is then unknown, and the
 //! credit is dropped rather than trusted (the queue counts whole again, never as idle
-//! while it still has not answered). The first is what a request
+//! while it still has not answered); progress beyond all the wait the estimate
+//! expected means the backend is late, and its wait is then at least that progress
+//! ([`PrefixAware::queue_ns`]). The first is what a request
 //! ahead costs beyond its prefill (decode steps sharing the batch): the configured
 //! `queue_ns_per_request`, or the backend's learned one when the gateway has learned
 //! it (`Candidate::queue_ns_per_request`; on a CPU engine a request ahead costs
@@ -260,14 +262,30 @@ impl PrefixAware {
     }
 
     /// The wait before this backend could start on a new request, in ns: the first two
-    /// terms of the estimate. This is what "least loaded" compares when the prompt's
-    /// match is too short to matter.
+    /// terms of the estimate, or, when the backend is late, how long it has been
+    /// working on its pending prefill. This is what "least loaded" compares when the
+    /// prompt's match is too short to matter.
+    ///
+    /// A backend is *late* when the time it has spent on its pending prefill
+    /// (`prefill_progress_ns`) exceeds all the wait the estimate expected (the requests
+    /// ahead and the whole queued prefill): it is stalled, or far slower than its
+    /// learned costs. Its wait is then taken to be at least the time already spent, so
+    /// it grows for as long as the backend does not answer, and new requests go
+    /// elsewhere until it does (its next first byte resets the clock). On three CPU
+    /// engines sharing two cores, an engine stopped answering for 10–14 s while its
+    /// core neighbour ran; the estimate, which had dropped the credit but charged only
+    /// the queued work, kept sending requests there, and those made the tail
+    /// (`radixgate-bench real`, multiturn, concurrency 8).
     pub fn queue_ns(&self, candidate: &Candidate) -> f64 {
         let per_request = match candidate.queue_ns_per_request {
             learned if learned > 0 && self.learned_queue_cost => f64::from(learned),
             _ => self.queue_ns_per_request,
         };
-        per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate)
+        let wait = per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate);
+        match candidate.pending_prefill_tokens {
+            0 => wait,
+            _ => wait.max(candidate.prefill_progress_ns as f64),
+        }
     }
 
     /// The prefill still to do on this backend before a new request's, in ns: the

@@ -237,11 +237,26 @@ fn progress_on_the_queued_prefill_is_credited() {
         ..queued
     };
     assert_eq!(p.pending_prefill_ns(&over), 40.0 * MS);
-    let over = Candidate {
+    // Beyond everything expected before a new request could start (here the 40 ms
+    // queued, nothing ahead), the backend is late: its wait is what it has spent.
+    let late = Candidate {
         prefill_progress_ns: 90_000_000,
         ..queued
     };
-    assert_eq!(p.est_ttft_ns(&over, 10), 40.0 * MS + 3.2 * MS);
+    assert_eq!(p.queue_ns(&late), 90.0 * MS);
+    assert_eq!(p.est_ttft_ns(&late, 10), 90.0 * MS + 3.2 * MS);
+    // With requests ahead (two at 5 ms), lateness starts only past them too.
+    let busy = Candidate {
+        in_flight: 2,
+        prefill_progress_ns: 42_000_000,
+        ..queued
+    };
+    assert_eq!(p.queue_ns(&busy), 50.0 * MS);
+    let busy_late = Candidate {
+        prefill_progress_ns: 60_000_000,
+        ..busy
+    };
+    assert_eq!(p.queue_ns(&busy_late), 60.0 * MS);
     let nearly = Candidate {
         prefill_progress_ns: 39_000_000,
         ..queued
@@ -253,6 +268,32 @@ fn progress_on_the_queued_prefill_is_credited() {
         ..c(0, 0, 0)
     };
     assert_eq!(p.est_ttft_ns(&idle, 10), 3.2 * MS);
+}
+
+#[test]
+fn a_late_backend_loses_its_cached_prompts_to_an_idle_one() {
+    let mut p = defaults();
+    // Backend 0 holds the whole 40-block prompt but has not answered its 500 pending
+    // tokens (10 ms of work, 5 ms for the request ahead) for 2 s; backend 1 is idle
+    // and cold (12.8 ms of prefill).
+    let stalled = Candidate {
+        pending_prefill_tokens: 500,
+        prefill_progress_ns: 2_000_000_000,
+        ..c(0, 1, 40)
+    };
+    assert_eq!(
+        pick(&mut p, &[stalled, c(1, 0, 0)], 40),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
+    // On time (5 ms in), it keeps them.
+    let on_time = Candidate {
+        prefill_progress_ns: 5_000_000,
+        ..stalled
+    };
+    assert_eq!(
+        pick(&mut p, &[on_time, c(1, 0, 0)], 40),
+        picked(0, Reason::LongestPrefix)
+    );
 }
 
 #[test]
