@@ -281,10 +281,18 @@ impl PrefixAware {
             learned if learned > 0 && self.learned_queue_cost => f64::from(learned),
             _ => self.queue_ns_per_request,
         };
-        let wait = per_request * load(candidate) as f64 + self.pending_prefill_ns(candidate);
+        let ahead = per_request * load(candidate) as f64;
+        let progress = candidate.prefill_progress_ns as f64;
         match candidate.pending_prefill_tokens {
-            0 => wait,
-            _ => wait.max(candidate.prefill_progress_ns as f64),
+            0 => ahead,
+            tokens => {
+                let expected = ahead + self.prefill_ns_per_token(candidate) * f64::from(tokens);
+                if progress > expected {
+                    progress
+                } else {
+                    ahead + self.pending_prefill_ns(candidate)
+                }
+            }
         }
     }
 

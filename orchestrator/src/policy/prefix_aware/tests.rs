@@ -262,6 +262,8 @@ fn progress_on_the_queued_prefill_is_credited() {
         ..queued
     };
     assert_eq!(p.pending_prefill_ns(&nearly), 1.0 * MS);
+    // On schedule, however far along: never late while progress is within the work.
+    assert_eq!(p.queue_ns(&nearly), 1.0 * MS);
     // Progress with nothing queued means nothing.
     let idle = Candidate {
         prefill_progress_ns: 5_000_000,
