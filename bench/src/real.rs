@@ -245,11 +245,16 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     turns: cfg.turns,
                 });
                 let (variant, header) = Variant::of(policy);
-                let target = gateways
+                let (gateway, target) = gateways
                     .iter()
                     .find(|(v, _, _)| *v == variant)
-                    .map(|(_, _, t)| t.clone())
+                    .map(|(_, g, t)| (g.addr, t.clone()))
                     .expect("a gateway per variant");
+                if header == "prefix_aware" {
+                    if let Some(line) = learned_costs(gateway) {
+                        progress(&format!("  learned before the run: {line}"));
+                    }
+                }
                 let load_cfg = LoadConfig {
                     target,
                     concurrency,
@@ -607,6 +612,38 @@ fn engine_args(cfg: &RealConfig) -> Vec<String> {
     args
 }
 
+/// The costs a gateway has learned per backend (`radixgate_backend_prefill_ns_per_token`
+/// and `_queue_ns_per_request`), as `id prefill ms/token, queue ms/request` per
+/// backend: what steers the first placements of the next run. `None` when the
+/// metrics cannot be read.
+fn learned_costs(gateway: SocketAddr) -> Option<String> {
+    learned_costs_in(&http_get(gateway, "/metrics").ok()?)
+}
+
+/// [`learned_costs`] from a gateway's `/metrics` text.
+fn learned_costs_in(text: &str) -> Option<String> {
+    let per_backend = |metric: &str| -> Vec<(String, f64)> {
+        text.lines()
+            .filter(|l| l.strip_prefix(metric).is_some_and(|r| r.starts_with('{')))
+            .filter_map(|l| {
+                let id = label_value(l, metric, "backend")?.to_string();
+                let value = l.rsplit(' ').next()?.parse().ok()?;
+                Some((id, value))
+            })
+            .collect()
+    };
+    let prefill = per_backend("radixgate_backend_prefill_ns_per_token");
+    let queue = per_backend("radixgate_backend_queue_ns_per_request");
+    let parts: Vec<String> = prefill
+        .iter()
+        .map(|(id, p)| {
+            let q = queue.iter().find(|(i, _)| i == id).map_or(0.0, |(_, q)| *q);
+            format!("{id} {:.3} ms/token, {:.0} ms/request", p / 1e6, q / 1e6)
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// The value of label `label` on the first sample of `metric`.
 fn label_value<'a>(text: &'a str, metric: &str, label: &str) -> Option<&'a str> {
     let line = text
@@ -647,6 +684,20 @@ pub fn find_repo() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn learned_costs_pair_each_backends_two_gauges() {
+        let text = "# TYPE radixgate_backend_prefill_ns_per_token gauge\n\
+            radixgate_backend_prefill_ns_per_token{backend=\"vllm-0\"} 450000\n\
+            radixgate_backend_prefill_ns_per_token{backend=\"vllm-1\"} 0\n\
+            radixgate_backend_queue_ns_per_request{backend=\"vllm-1\"} 210000000\n\
+            radixgate_backend_queue_ns_per_request{backend=\"vllm-0\"} 90000000\n";
+        assert_eq!(
+            learned_costs_in(text).as_deref(),
+            Some("vllm-0 0.450 ms/token, 90 ms/request; vllm-1 0.000 ms/token, 210 ms/request")
+        );
+        assert_eq!(learned_costs_in("radixgate_up 1\n"), None);
+    }
 
     #[test]
     fn counter_sums_label_sets_and_skips_lookalikes() {
