@@ -182,6 +182,9 @@ struct RetryWire {
     migrate_streams: bool,
     /// Continuations one stream may take (with `migrate_streams`).
     max_stream_migrations: u32,
+    /// Move a stream whose engine has sent no token this long after the request
+    /// arrived to another engine, once (0: never). See docs/operations.md.
+    first_token_timeout_ms: u64,
 }
 
 impl Default for RetryWire {
@@ -192,6 +195,7 @@ impl Default for RetryWire {
             min_retries_per_sec: 10.0,
             migrate_streams: false,
             max_stream_migrations: 1,
+            first_token_timeout_ms: 0,
         }
     }
 }
@@ -804,6 +808,8 @@ pub struct RetryConfig {
     pub min_retries_per_sec: f64,
     pub migrate_streams: bool,
     pub max_stream_migrations: u32,
+    /// `None`: streams are never moved for a late first token.
+    pub first_token_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -1422,6 +1428,8 @@ fn validate_retry(rw: RetryWire, errors: &mut Vec<String>) -> RetryConfig {
         min_retries_per_sec: rw.min_retries_per_sec,
         migrate_streams: rw.migrate_streams,
         max_stream_migrations: rw.max_stream_migrations,
+        first_token_timeout: (rw.first_token_timeout_ms > 0)
+            .then(|| Duration::from_millis(rw.first_token_timeout_ms)),
     }
 }
 

@@ -4,16 +4,11 @@
 //! queued there.
 //!
 //! Both come from the time to first byte of successful responses that reported
-//! `cached_tokens` (the engine's own count, so `uncached` is exact):
+//! `cached_tokens` (the engine's own count, so `uncached` is exact), and each is the
+//! median of its last [`SAMPLES`] samples:
 //!
 //! - **Prefill** is learned from requests that found nothing in flight on their
-//!   backend: the median of the last [`PREFILL_SAMPLES`] values of `ttft / uncached`.
-//!   A median, because one request can meet a delay that is not the engine's rate: on
-//!   a CPU host where two engines share a core, a 196-token prefill once took a
-//!   second (5.4 ms a token against the usual 0.4–0.9). A weighted mean took a fifth
-//!   of that sample and made the engine look three times slower than it was, after
-//!   which it drew no more traffic that could correct it (`radixgate-bench real`,
-//!   multiturn); a decayed ratio of sums was no better (2.1 ms a token).
+//!   backend: `ttft / uncached`.
 //! - **Queue** is learned from requests that found `k ≥ 1` ahead: what their wait
 //!   exceeded their own prefill and the prefill queued ahead of them (at the learned
 //!   rate), divided by `k`. On a simulated engine a request ahead costs a few
@@ -21,27 +16,36 @@
 //!   every batch the new prefill joins), and without this the cost model's fixed
 //!   exchange rate let affinity pile requests onto one engine.
 //!
-//! The queue cost is an exponentially weighted mean (1/5 on the new sample). Both are
-//! per shard, with no lock: a shard learns from what it routed. 0 means not learned
-//! yet (the policy then uses its configured default).
+//! A median, because one request can meet a delay that is not the engine's rate: on
+//! a CPU host where two engines share a core, a 196-token prefill once took a second
+//! (5.4 ms a token against the usual 0.4–0.9). A weighted mean took a fifth of that
+//! sample and made the engine look three times slower than it was, after which it drew
+//! no more traffic that could correct it (`radixgate-bench real`, multiturn); a decayed
+//! ratio of sums was no better (2.1 ms a token). The queue cost was such a weighted
+//! mean until the same trace showed it too: after stalls of seconds, three equal
+//! engines had learned 966, 0 and 1,707 ms a request. The router still bounds how far
+//! one backend's queue cost may stray from the others'
+//! ([`radixgate_orchestrator::policy::prefix_aware::bound_queue_costs`]).
+//!
+//! Both are per shard, with no lock: a shard learns from what it routed. 0 means not
+//! learned yet (the policy then uses its configured default).
 
 /// Samples come only from responses with at least this many uncached prompt tokens
 /// (shorter ones are dominated by fixed overheads).
 pub const MIN_LEARN_TOKENS: u64 = 64;
 
-/// How many recent per-token prefill samples the learned rate is the median of.
-pub const PREFILL_SAMPLES: usize = 5;
+/// How many recent samples each learned cost is the median of.
+pub const SAMPLES: usize = 5;
 
 /// The learned costs of one backend (0: not learned yet).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LearnedCost {
-    /// The median of `recent_prefill`.
+    /// The median of the recent prefill samples.
     pub prefill_ns_per_token: u32,
+    /// The median of the recent queue samples.
     pub queue_ns_per_request: u32,
-    /// The last samples of the prefill rate, oldest overwritten first; 0: none yet.
-    recent_prefill: [u32; PREFILL_SAMPLES],
-    /// Where the next sample goes in `recent_prefill`.
-    next: u8,
+    prefill: Recent,
+    queue: Recent,
 }
 
 /// One finished request, as far as learning needs it.
@@ -64,11 +68,8 @@ impl LearnedCost {
         }
         match s.in_flight_before {
             0 => {
-                // At least 1 ns, as below.
-                let sample = clamp(s.ttft_ns / s.uncached_tokens).max(1);
-                self.recent_prefill[usize::from(self.next)] = sample;
-                self.next = (self.next + 1) % PREFILL_SAMPLES as u8;
-                self.prefill_ns_per_token = median(&self.recent_prefill);
+                let sample = clamp(s.ttft_ns / s.uncached_tokens);
+                self.prefill_ns_per_token = self.prefill.push(sample);
             }
             // A split request's leg (`u32::MAX`) is not a whole request's wait.
             u32::MAX => {}
@@ -76,8 +77,7 @@ impl LearnedCost {
                 let own_and_queued = u64::from(self.prefill_ns_per_token)
                     * (s.uncached_tokens + u64::from(s.pending_prefill_before));
                 let sample = clamp(s.ttft_ns.saturating_sub(own_and_queued) / u64::from(ahead));
-                // At least 1 ns: learned to be free is not "not learned" (0).
-                self.queue_ns_per_request = ewma(self.queue_ns_per_request, sample).max(1);
+                self.queue_ns_per_request = self.queue.push(sample);
             }
             // Without a prefill rate the excess cannot be told apart.
             _ => {}
@@ -85,29 +85,36 @@ impl LearnedCost {
     }
 }
 
-/// The median of the non-zero entries (the mean of the middle two for an even count).
-fn median(samples: &[u32; PREFILL_SAMPLES]) -> u32 {
-    let mut sorted = *samples;
-    sorted.sort_unstable();
-    let taken = &sorted[sorted.iter().take_while(|&&x| x == 0).count()..];
-    match taken.len() {
-        0 => 0,
-        n if n % 2 == 1 => taken[n / 2],
-        n => ((u64::from(taken[n / 2 - 1]) + u64::from(taken[n / 2])) / 2) as u32,
+/// The last [`SAMPLES`] samples of one cost, oldest overwritten first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Recent {
+    /// 0: no sample yet (samples are stored as at least 1).
+    samples: [u32; SAMPLES],
+    /// Where the next sample goes.
+    next: u8,
+}
+
+impl Recent {
+    /// Records `sample` and returns the median of the samples held, at least 1 ns:
+    /// learned to be free is not "not learned" (0).
+    fn push(&mut self, sample: u32) -> u32 {
+        self.samples[usize::from(self.next)] = sample.max(1);
+        self.next = (self.next + 1) % SAMPLES as u8;
+        let mut sorted = self.samples;
+        sorted.sort_unstable();
+        let taken = &sorted[sorted.iter().take_while(|&&x| x == 0).count()..];
+        let n = taken.len();
+        if n % 2 == 1 {
+            taken[n / 2]
+        } else {
+            // The mean of the middle two.
+            ((u64::from(taken[n / 2 - 1]) + u64::from(taken[n / 2])) / 2) as u32
+        }
     }
 }
 
 fn clamp(ns: u64) -> u32 {
     ns.min(u64::from(u32::MAX)) as u32
-}
-
-/// Exponentially weighted moving average with weight 1/5 on the new sample; the
-/// first sample is taken whole.
-fn ewma(old: u32, sample: u32) -> u32 {
-    match old {
-        0 => sample,
-        old => ((u64::from(old) * 4 + u64::from(sample)) / 5) as u32,
-    }
 }
 
 #[cfg(test)]
@@ -136,9 +143,10 @@ mod tests {
         // 300 ms are the two requests ahead, 150 ms each.
         l.learn(sample(1000, 500, 2, 200));
         assert_eq!(l.queue_ns_per_request, 150_000_000);
-        // A faster wait than the prefill alone learns 0 per request, averaged in.
+        // A faster wait than the prefill alone learns (nearly) 0 per request; the
+        // median of two is their mean.
         l.learn(sample(100, 500, 1, 0));
-        assert_eq!(l.queue_ns_per_request, 120_000_000);
+        assert_eq!(l.queue_ns_per_request, 75_000_000);
         // An engine where requests ahead cost nothing beyond their prefill is
         // learned as (nearly) free, never as unknown.
         let mut free = LearnedCost {
@@ -161,10 +169,22 @@ mod tests {
         l.learn(sample(1068, 196, 0, 0)); // 5.45: an outlier
         assert_eq!(l.prefill_ns_per_token, 865_771);
         // Only the last five count: five slow samples are the engine's rate now.
-        for _ in 0..PREFILL_SAMPLES {
+        for _ in 0..SAMPLES {
             l.learn(sample(2000, 1000, 0, 0));
         }
         assert_eq!(l.prefill_ns_per_token, 2_000_000);
+    }
+
+    /// A request stuck behind a core neighbour's burst waited seconds; the queue cost
+    /// stays what the other samples say.
+    #[test]
+    fn one_stalled_request_does_not_set_the_queue_cost() {
+        let mut l = LearnedCost::default();
+        l.learn(sample(500, 500, 0, 0)); // 1 ms a token
+        l.learn(sample(800, 500, 1, 0)); // 300 ms a request
+        l.learn(sample(850, 500, 1, 0)); // 350
+        l.learn(sample(7500, 500, 1, 0)); // 7,000: the stall
+        assert_eq!(l.queue_ns_per_request, 350_000_000);
     }
 
     #[test]

@@ -107,6 +107,10 @@ struct EngineArgs {
     /// Share of streams cut off halfway.
     #[arg(long, default_value_t = 0.0)]
     abort_rate: f64,
+    /// Send a stream's response head before its prefill, as vLLM does (default:
+    /// with the first token).
+    #[arg(long)]
+    stream_head_first: bool,
     /// Share of connections closed right after accept.
     #[arg(long, default_value_t = 0.0)]
     refuse_rate: f64,
@@ -367,6 +371,7 @@ fn main() -> ExitCode {
                 spike_rate: a.spike_rate,
                 spike: Duration::from_millis(a.spike_ms),
                 abort_rate: a.abort_rate,
+                stream_head_first: a.stream_head_first,
                 refuse_rate: a.refuse_rate,
                 seed: a.seed,
                 fixed_response: a.fixed_response,

@@ -125,6 +125,9 @@ pub struct ShardMetrics {
     pub decision: Histogram,
     /// Per backend: attempts that failed there and were retried elsewhere.
     pub retries: Vec<u64>,
+    /// Per backend: streams moved elsewhere because it sent no token by
+    /// `retry.first_token_timeout_ms`.
+    pub first_token_timeouts: Vec<u64>,
     /// Retries refused because the shard's retry budget was spent.
     pub retry_budget_exhausted: u64,
     /// Streams continued on another engine after theirs died, by outcome
@@ -162,6 +165,7 @@ impl ShardMetrics {
             prediction_abs_error: vec![0; backends],
             matched_blocks: vec![0; backends],
             retries: vec![0; backends],
+            first_token_timeouts: vec![0; backends],
             ..Default::default()
         }
     }
@@ -180,6 +184,7 @@ impl ShardMetrics {
             &mut self.prediction_abs_error,
             &mut self.matched_blocks,
             &mut self.retries,
+            &mut self.first_token_timeouts,
         ] {
             if v.len() < backends {
                 v.resize(backends, 0);
@@ -232,6 +237,7 @@ impl ShardMetrics {
             (&mut self.prediction_abs_error, &other.prediction_abs_error),
             (&mut self.matched_blocks, &other.matched_blocks),
             (&mut self.retries, &other.retries),
+            (&mut self.first_token_timeouts, &other.first_token_timeouts),
         ] {
             for (x, y) in a.iter_mut().zip(b) {
                 *x += y;
@@ -530,11 +536,16 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             Value::Int(u64::from(g.pending_prefill_tokens[i])),
         );
     }
-    let per_backend: [(&'static str, &'static str, &Vec<u64>); 5] = [
+    let per_backend: [(&'static str, &'static str, &Vec<u64>); 6] = [
         (
             "radixgate_retries_total",
             "Attempts that failed on this backend before any byte reached the client and were retried elsewhere.",
             &merged.retries,
+        ),
+        (
+            "radixgate_first_token_timeouts_total",
+            "Streams moved to another backend because this one sent no token within retry.first_token_timeout_ms.",
+            &merged.first_token_timeouts,
         ),
         (
             "radixgate_matched_blocks_total",

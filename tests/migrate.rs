@@ -6,6 +6,12 @@
 //! consistent `usage`, and the dead engine's breaker opens; without it the stream
 //! ends with an error event, as before; past `retry.max_stream_migrations`, or with
 //! no other engine, the stream ends with the error too.
+//!
+//! `retry.first_token_timeout_ms` uses the same continuation for an engine that is
+//! alive but has sent no token: an engine with a 1 s-a-token prefill sends its
+//! stream's head at once (`--stream-head-first`, as vLLM does) and then nothing, and
+//! the client still reads the whole answer, from the other engine, without the slow
+//! one's breaker being told; with no other engine the stream waits for its own.
 
 mod common;
 
@@ -27,14 +33,21 @@ struct Engine {
 
 impl Engine {
     fn start(io: &str) -> Engine {
+        Engine::start_with(io, 0, &[])
+    }
+
+    /// An engine prefilling at `prefill_us` a token, with `extra` arguments.
+    fn start_with(io: &str, prefill_us: u64, extra: &[&str]) -> Engine {
+        let prefill_us = prefill_us.to_string();
         let mut child = Command::new(BIN)
             .args(["engine-sim", "--listen", "127.0.0.1:0", "--io", io])
             .args([
                 "--decode-us-per-token",
                 "30000",
                 "--prefill-us-per-token",
-                "0",
+                &prefill_us,
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -71,7 +84,10 @@ fn fleet(io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
 }
 
 fn fleet_of(n: usize, io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
-    let engines: Vec<Engine> = (0..n).map(|_| Engine::start(io)).collect();
+    fleet_from((0..n).map(|_| Engine::start(io)).collect(), io, retry)
+}
+
+fn fleet_from(engines: Vec<Engine>, io: &str, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
     let backends: Vec<_> = engines
         .iter()
         .zip(IDS)
@@ -366,3 +382,94 @@ fn with_no_other_engine_the_stream_ends_with_the_error(io: &str) {
     );
 }
 both_drivers!(with_no_other_engine_the_stream_ends_with_the_error);
+
+/// Engines that send a stream's head before their prefill, as vLLM does: `e0`
+/// prefills at `slow_us` a token, `e1` at once.
+fn head_first_fleet(io: &str, slow_us: u64, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
+    let head_first = ["--stream-head-first"];
+    let engines = vec![
+        Engine::start_with(io, slow_us, &head_first),
+        Engine::start_with(io, 0, &head_first),
+    ];
+    fleet_from(engines, io, retry)
+}
+
+fn a_stream_stalled_before_its_first_token_moves_to_the_other_engine(io: &str) {
+    // e0 would take ~10 s (ten prompt tokens at 1 s each) to its first token.
+    let (engines, gw) = head_first_fleet(io, 1_000_000, "first_token_timeout_ms = 300");
+    let addr = gw.local_addr();
+    // Round robin sends the first stream to e0 (the continuation on e1 then takes a
+    // turn too, so the second may go to e0 as well).
+    let reads = [
+        stream(addr, Api::Chat, |_, _| {}),
+        stream(addr, Api::Chat, |_, _| {}),
+    ];
+    let stalled = reads
+        .iter()
+        .find(|r| r.backend == "e0")
+        .expect("one went to e0");
+    let moved = reads.iter().filter(|r| r.backend == "e0").count() as f64;
+    for read in &reads {
+        let texts = read.texts();
+        assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
+        assert_eq!(texts.len(), TOKENS, "{:?}", read.data);
+        assert_eq!(read.dones(), 1, "{:?}", read.data);
+        for v in read.events() {
+            assert!(v.get("error").is_none(), "{v}");
+        }
+    }
+    // The moved stream counts its own prompt once, as the one that was not moved.
+    let usage = |r: &Read| r.events().last().unwrap()["usage"].clone();
+    // What the fast engine itself counts for the prompt.
+    let e1: std::net::SocketAddr = engines[1]
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let whole = Client::connect(e1).post(Api::Chat.path(), &Api::Chat.request(false), &[]);
+    assert_eq!(
+        usage(stalled)["prompt_tokens"],
+        whole.json()["usage"]["prompt_tokens"]
+    );
+    assert_eq!(usage(stalled)["completion_tokens"], TOKENS);
+    let m = metrics(addr);
+    for (backend, moved) in [("e0", moved), ("e1", 0.0)] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("radixgate_first_token_timeouts_total{{backend=\"{backend}\"}}")
+            ),
+            Some(moved),
+            "{m}"
+        );
+    }
+    assert_eq!(
+        metric(&m, "radixgate_stream_migrations_total{outcome=\"resumed\"}"),
+        Some(moved),
+        "{m}"
+    );
+    // Late is not broken: the slow engine's breaker stays closed.
+    assert_eq!(
+        metric(&m, "radixgate_breaker_state{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+both_drivers!(a_stream_stalled_before_its_first_token_moves_to_the_other_engine);
+
+fn a_late_stream_with_nowhere_to_go_waits_for_its_engine(io: &str) {
+    // One engine, 30 ms a prompt token (~300 ms to the first token), deadline 50 ms.
+    let engine = Engine::start_with(io, 30_000, &["--stream-head-first"]);
+    let (_engines, gw) = fleet_from(vec![engine], io, "first_token_timeout_ms = 50");
+    let addr = gw.local_addr();
+    let read = stream(addr, Api::Chat, |_, _| {});
+    assert_eq!(read.texts().len(), TOKENS, "{:?}", read.data);
+    assert_eq!(read.dones(), 1, "{:?}", read.data);
+    let m = metrics(addr);
+    assert_eq!(
+        metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);

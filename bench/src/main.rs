@@ -248,6 +248,11 @@ struct RealArgs {
     /// it smaller than the working set as in production.
     #[arg(long)]
     kv_blocks: Option<u32>,
+    /// The gateway's retry.first_token_timeout_ms under every policy: a stream whose
+    /// engine has sent no token this long after it arrived moves to another engine
+    /// (0: off).
+    #[arg(long, default_value_t = 0)]
+    first_token_timeout_ms: u64,
     /// More vLLM arguments for every engine, as one string (split on whitespace).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     engine_args: String,
@@ -658,6 +663,7 @@ fn real_command(args: RealArgs) -> ExitCode {
             .collect(),
         engine_args_for: args.engine_args_for,
         engine_cores: args.engine_cores,
+        first_token_timeout_ms: args.first_token_timeout_ms,
         slo_ms: args.slo_ms,
         block_tokens: args.block_tokens,
     };

@@ -74,6 +74,8 @@ pub struct RealConfig {
     pub slo_ms: u64,
     /// The engines' KV block in tokens, for the ceiling (vLLM's CPU backend: 128).
     pub block_tokens: usize,
+    /// The gateway's `retry.first_token_timeout_ms` for every policy (0: off).
+    pub first_token_timeout_ms: u64,
 }
 
 /// The policy name that selects the precise-mode gateway.
@@ -213,6 +215,12 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
             |c| format!("{c} blocks of {} tokens", cfg.block_tokens)
         )
     ));
+    if cfg.first_token_timeout_ms > 0 {
+        progress(&format!(
+            "every policy's gateway moves a stream with no token after {} ms (retry.first_token_timeout_ms)",
+            cfg.first_token_timeout_ms
+        ));
+    }
     let block_bytes = (cfg.block_tokens as f64 * cfg.bytes_per_token).round() as usize;
     // One gateway per variant the policies need, each over the same engines.
     let mut gateways: Vec<(Variant, Gateway, Target)> = Vec::new();
@@ -526,6 +534,11 @@ impl Gateway {
         }
         toml.push_str(
             "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n\n[log]\naccess = false\n",
+        );
+        let _ = write!(
+            toml,
+            "\n[retry]\nfirst_token_timeout_ms = {}\n",
+            cfg.first_token_timeout_ms
         );
         for (id, engine, events) in &fleet.engines {
             let _ = write!(

@@ -705,6 +705,7 @@ impl Filter<'_> {
                 });
             }
         }
+        crate::policy::prefix_aware::bound_queue_costs(out);
         if !any_adapter {
             return Err(RouteError::AdapterGone);
         }

@@ -26,6 +26,9 @@ use std::num::NonZeroUsize;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// A stream's response head.
+const STREAM_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
+
 #[derive(Default)]
 struct Counters {
     prompt_tokens: u64,
@@ -470,6 +473,15 @@ impl Engine {
             return reply_error(conn, 503, "the engine's waiting queue is full", keep_alive).await;
         };
 
+        // vLLM answers a stream's head before its prefill; by default the simulator
+        // sends it with the first token (so a failure before then can still be a
+        // status).
+        let head_sent = facts.stream && self.config.stream_head_first && matches!(leg, Leg::Whole);
+        if head_sent && conn.stream.write_all(STREAM_HEAD).await.0.is_err() {
+            self.counters.borrow_mut().requests_failed += 1;
+            return false;
+        }
+
         // Prefill: only the blocks not already cached cost time.
         let matched = {
             let mut cache = self.cache.borrow_mut();
@@ -548,7 +560,7 @@ impl Engine {
                 include_usage: facts.include_usage,
                 continuous_usage: facts.include_usage && sampling.continuous_usage,
             };
-            self.stream_tokens(conn, endpoint, &streamed, abort_at)
+            self.stream_tokens(conn, endpoint, &streamed, abort_at, head_sent)
                 .await
         } else if work_or_abort(conn, self.decode_wait(longest)).await {
             let body = full_body(endpoint, &self.config.model, id, &choices, &usage);
@@ -647,10 +659,9 @@ impl Engine {
         endpoint: Endpoint,
         streamed: &Streamed<'_>,
         abort_at: Option<u64>,
+        head_sent: bool,
     ) -> bool {
-        let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n";
-        let (r, _) = conn.stream.write_all(&head[..]).await;
-        if r.is_err() {
+        if !head_sent && conn.stream.write_all(STREAM_HEAD).await.0.is_err() {
             return false;
         }
         let Streamed {

@@ -76,6 +76,9 @@ pub struct EngineConfig {
     pub spike: Duration,
     /// Share of streaming requests whose connection is cut halfway through.
     pub abort_rate: f64,
+    /// Send a stream's response head once the request is admitted, before its
+    /// prefill, as vLLM does (default: with the first token).
+    pub stream_head_first: bool,
     /// Share of connections closed right after accept, before any response.
     pub refuse_rate: f64,
     pub seed: u64,
@@ -159,6 +162,7 @@ impl EngineConfig {
             spike_rate: 0.0,
             spike: Duration::from_millis(500),
             abort_rate: 0.0,
+            stream_head_first: false,
             refuse_rate: 0.0,
             seed: 1,
             fixed_response: false,

@@ -52,8 +52,10 @@ pub(super) enum Failure {
     /// the attempt watched its text ([`Exchange::collect`]): nothing was written to
     /// end the client's stream, so another backend may continue it
     /// ([`super::migrate`]). `keep_client`: the client's connection may stay open
-    /// once the stream is ended.
-    StreamCut { keep_client: bool },
+    /// once the stream is ended. `stalled`: the backend did not break but sent no
+    /// token by the first-token deadline ([`Exchange::first_token_deadline`]); the
+    /// gateway dropped its connection (an engine aborts a request whose client left).
+    StreamCut { keep_client: bool, stalled: bool },
 }
 
 impl Failure {
@@ -270,10 +272,18 @@ pub(super) struct Exchange<'s> {
     pub retry_from_status: u16,
     /// Overrides `upstream.first_byte_timeout` (a split request's per-leg timeouts).
     pub first_byte_timeout: Option<std::time::Duration>,
-    /// With `retry.migrate_streams`, a streamed answer's text as it passes, so that a
-    /// stream cut off midway can be continued elsewhere; `None` (no watching at all)
+    /// With `retry.migrate_streams` or `retry.first_token_timeout_ms`, a streamed
+    /// answer's text as it passes, so that a stream cut off midway or stalled before
+    /// its first token can be continued elsewhere; `None` (no watching at all)
     /// otherwise. Boxed: the attempt without it stays as small as before.
     pub collect: Option<Box<StreamText>>,
+    /// A watched stream the backend breaks off is continued elsewhere
+    /// (`retry.migrate_streams`).
+    pub migrate_cut: bool,
+    /// A watched stream whose backend has sent no body byte by then is moved to
+    /// another backend (`retry.first_token_timeout_ms`, set only when the decision had
+    /// an alternative).
+    pub first_token_deadline: Option<Instant>,
 }
 
 impl<'s> Exchange<'s> {
@@ -292,6 +302,8 @@ impl<'s> Exchange<'s> {
             retry_from_status: 500,
             first_byte_timeout: None,
             collect: None,
+            migrate_cut: false,
+            first_token_deadline: None,
         }
     }
 }
@@ -402,7 +414,8 @@ impl Exchange<'_> {
 
         // The rest of the body, piece by piece as it arrives.
         while !tracker.done() {
-            match next_body_piece(&mut upstream, &mut buf, idle_timeout, client, &tracker).await {
+            let wait = self.body_wait(idle_timeout);
+            match next_body_piece(&mut upstream, &mut buf, wait, client, &tracker).await {
                 BodyPiece::Bytes => {}
                 BodyPiece::Ended => {
                     shard.give_buffer(buf);
@@ -412,16 +425,21 @@ impl Exchange<'_> {
                     shard.give_buffer(buf);
                     return Err(self.client_gone());
                 }
-                BodyPiece::Broke
-                    if resp.event_stream
-                        && tracker.at_chunk_boundary()
-                        && self
-                            .collect
-                            .as_deref()
-                            .is_some_and(StreamText::can_continue) =>
+                BodyPiece::Broke if self.migrate_cut && self.can_move(&resp, &tracker) => {
+                    shard.give_buffer(buf);
+                    return Err(Failure::StreamCut {
+                        keep_client,
+                        stalled: false,
+                    });
+                }
+                BodyPiece::Idle
+                    if self.past_first_token_deadline() && self.can_move(&resp, &tracker) =>
                 {
                     shard.give_buffer(buf);
-                    return Err(Failure::StreamCut { keep_client });
+                    return Err(Failure::StreamCut {
+                        keep_client,
+                        stalled: true,
+                    });
                 }
                 BodyPiece::Broke | BodyPiece::Idle => {
                     let ended_cleanly = resp.event_stream
@@ -463,6 +481,36 @@ impl Exchange<'_> {
             shard.pool.borrow_mut().put(self.backend, upstream);
         }
         Ok(keep_client)
+    }
+
+    /// How long to wait for the next body piece: the idle timeout, or less while the
+    /// first token is due before it.
+    fn body_wait(&self, idle_timeout: std::time::Duration) -> std::time::Duration {
+        match self.first_token_deadline {
+            Some(deadline) if self.first_byte.is_none() => {
+                idle_timeout.min(deadline.saturating_duration_since(Instant::now()))
+            }
+            _ => idle_timeout,
+        }
+    }
+
+    /// No body byte yet, and the first-token deadline has passed.
+    fn past_first_token_deadline(&self) -> bool {
+        self.first_byte.is_none()
+            && self
+                .first_token_deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// The stream may be continued elsewhere from here: an SSE stream between two
+    /// chunks whose text was watched and is not finished.
+    fn can_move(&self, resp: &ResponseHead, tracker: &BodyTracker) -> bool {
+        resp.event_stream
+            && tracker.at_chunk_boundary()
+            && self
+                .collect
+                .as_deref()
+                .is_some_and(StreamText::can_continue)
     }
 
     /// The upstream broke off an SSE stream between two chunks: tell the client in

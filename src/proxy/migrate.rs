@@ -220,6 +220,11 @@ pub(crate) fn continuation_body(
     text: &str,
     tokens: u64,
 ) -> Result<Vec<u8>, &'static str> {
+    if tokens == 0 && text.is_empty() {
+        // Nothing generated yet (a stream stalled before its first token): the
+        // request itself, as the client sent it.
+        return Ok(body.to_vec());
+    }
     let mut v: Value = serde_json::from_slice(body).map_err(|_| "the body is not JSON")?;
     let obj = v.as_object_mut().ok_or("the body is not an object")?;
     for key in ["max_tokens", "max_completion_tokens"] {
@@ -263,6 +268,8 @@ pub(crate) fn continuation_body(
 pub(crate) struct Splice {
     /// The first engine's `id`, `created` and `model`.
     ident: [Option<Value>; 3],
+    /// The client has had an event already (so not the continuation's role chunk).
+    client_has_events: bool,
     /// Completion tokens streamed before this continuation.
     carried: u64,
 }
@@ -273,15 +280,17 @@ impl Splice {
     /// A splice after `carried` tokens, keeping the identity of the first event
     /// the stream carried (`first`, its data).
     pub(crate) fn new(first: Option<&[u8]>, carried: u64) -> Self {
+        let client_has_events = first.is_some();
         let first: Option<Value> = first.and_then(|d| serde_json::from_slice(d).ok());
         Self {
             ident: IDENT.map(|k| first.as_ref().and_then(|v| v.get(k)).cloned()),
+            client_has_events,
             carried,
         }
     }
 
     /// Appends `event` as the client gets it to `out`, or nothing when it carries
-    /// no token (the continuation's role chunk).
+    /// no token (the continuation's role chunk) and the client has had events.
     pub(crate) fn rewrite(&self, event: &[u8], out: &mut Vec<u8>) {
         let start = out.len();
         for line in event.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
@@ -296,7 +305,7 @@ impl Splice {
                 out.push(b'\n');
                 continue;
             };
-            if carries_nothing(&v) {
+            if self.client_has_events && carries_nothing(&v) {
                 continue;
             }
             if let Some(obj) = v.as_object_mut() {
@@ -353,6 +362,8 @@ pub(super) struct Cut {
     pub keep_client: bool,
     /// Attempts the request made before the cut (for the spans' attempt number).
     pub attempts: usize,
+    /// The backend did not break: it sent no token by the first-token deadline.
+    pub stalled: bool,
 }
 
 /// How one continuation ended.
@@ -379,14 +390,26 @@ pub(super) async fn resume(
 ) -> (bool, Usage) {
     let limit = {
         let fleet = shard.fleet.borrow();
-        fleet
-            .live
-            .config
-            .retry
-            .max_stream_migrations
-            .min(MAX_MIGRATIONS)
+        let retry = &fleet.live.config.retry;
+        let migrations = if retry.migrate_streams {
+            retry.max_stream_migrations
+        } else {
+            0
+        };
+        // A stalled stream is moved once even where broken ones are not continued.
+        migrations.max(u32::from(cut.stalled)).min(MAX_MIGRATIONS)
     };
-    let mut error = broke_off(shard, cut.failed);
+    let mut error = if cut.stalled {
+        GatewayError::new(
+            ErrorKind::UpstreamTimeout,
+            format!(
+                "backend `{}` sent no token within retry.first_token_timeout_ms, and no other backend could take the request",
+                shard.backend_id(cut.failed)
+            ),
+        )
+    } else {
+        broke_off(shard, cut.failed)
+    };
     for migration in 1..=limit {
         let from = cut.failed;
         let routed = route(
@@ -425,6 +448,7 @@ pub(super) async fn resume(
             to = %shard.backend_id(backend),
             tokens = cut.text.tokens(),
             migration,
+            stalled = cut.stalled && migration == 1,
             "stream migrated"
         );
         let span = crate::trace::start_child(&TraceContext::of(req.head));

@@ -504,12 +504,15 @@ async fn attempt_all(
     let (head, request_id, facts, policy) = (req.head, req.request_id, &req.facts, req.policy);
     let started = req.started;
     let session = (!head.session_id.is_empty()).then(|| xxh3_64(head.session_id.as_bytes()));
-    let (max_attempts, migrate_streams) = {
+    let (max_attempts, migrate_streams, first_token_timeout) = {
         let retry = &shard.fleet.borrow().live.config.retry;
         let max_attempts = (retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
         let migrate = retry.migrate_streams && retry.max_stream_migrations > 0 && facts.stream;
-        (max_attempts, migrate)
+        let first_token = retry.first_token_timeout.filter(|_| facts.stream);
+        (max_attempts, migrate, first_token)
     };
+    // The stream's text is watched when it may be continued elsewhere.
+    let watch_stream = migrate_streams || first_token_timeout.is_some();
     let mut excluded = [usize::MAX; MAX_ATTEMPTS];
     // One clock reading for the retry budget's deposit and the first route; a retry
     // reads the clock again.
@@ -586,7 +589,7 @@ async fn attempt_all(
         // A retry routes the same prompt: keep its blocks before the attempt's awaits
         // let other requests reuse the shard's scratch (routing copied them only if it
         // inserted them).
-        if (retry_possible || migrate_streams) && carried.is_none() {
+        if (retry_possible || watch_stream) && carried.is_none() {
             carried = Some(match &route.inserted {
                 Some(b) => b.clone(),
                 None => (*shard.prompt_blocks()).into(),
@@ -616,7 +619,12 @@ async fn attempt_all(
                 route.uncached_tokens,
                 decided.into_std(),
             )),
-            collect: migrate_streams.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
+            collect: watch_stream.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
+            migrate_cut: migrate_streams,
+            // Moving a stalled stream needs somewhere to move it.
+            first_token_deadline: first_token_timeout
+                .filter(|_| route.alternatives > 0)
+                .map(|timeout| started + timeout),
             ..Exchange::new(shard, backend, started)
         };
         let result = exchange
@@ -680,10 +688,21 @@ async fn attempt_all(
                 log(shard, req, &route, &exchange, attempt);
                 return Ok((keep_open, exchange.usage.usage));
             }
-            Err(Failure::StreamCut { keep_client }) => {
+            Err(Failure::StreamCut {
+                keep_client,
+                stalled,
+            }) => {
                 // The cut backend holds nothing of this request any more.
                 drop((probe, in_flight));
-                shard.report_outcome(backend, false);
+                if stalled {
+                    // It computed nothing the gateway knows of: the index forgets the
+                    // prompt there, as after a failed attempt. Late, not broken: its
+                    // breaker is not told.
+                    route::roll_back(shard, &route);
+                    shard.metrics.borrow_mut().first_token_timeouts[backend] += 1;
+                } else {
+                    shard.report_outcome(backend, false);
+                }
                 exchange.record(facts, &route);
                 let mut excluded = excluded[..attempt - 1].to_vec();
                 excluded.push(backend);
@@ -695,6 +714,7 @@ async fn attempt_all(
                     session,
                     keep_client,
                     attempts: attempt,
+                    stalled,
                 };
                 // Boxed: the rare continuation's state stays out of every request's
                 // future.

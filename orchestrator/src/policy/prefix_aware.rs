@@ -45,7 +45,9 @@
 //! `queue_ns_per_request`, or the backend's learned one when the gateway has learned
 //! it (`Candidate::queue_ns_per_request`; on a CPU engine a request ahead costs
 //! hundreds of milliseconds, not the default's 2.5 ms, and affinity must yield to a
-//! queue accordingly). The last,
+//! queue accordingly). The router bounds the learned ones to within a factor of
+//! [`QUEUE_COST_SPREAD`] of the candidates' median, and gives that median to a
+//! backend not learned yet ([`bound_queue_costs`]). The last,
 //! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
 //! charged to candidates whose match does not reach them ([`crate::media`]).
 //!
@@ -409,6 +411,55 @@ impl RoutingPolicy for PrefixAware {
             Reason::FallbackLeastLoaded
         };
         pick(chosen, reason)
+    }
+}
+
+/// How far one backend's learned queue cost may stray from the candidates' median:
+/// [`bound_queue_costs`] keeps it within a factor of this either way. With 2, the
+/// trace in its docs still placed eight new conversations 2/4/2 over three equal
+/// engines (a unit test); with 1.5, 3/3/2, as least-loaded does.
+pub const QUEUE_COST_SPREAD: f64 = 1.5;
+
+/// The candidates whose learned queue costs [`bound_queue_costs`] takes the median of
+/// (the first ones in backend order, when there are more).
+const QUEUE_COST_MEDIAN_OF: usize = 16;
+
+/// Makes the candidates' learned queue costs comparable before a decision: each is
+/// bounded to within [`QUEUE_COST_SPREAD`] of the median of those learned, and a
+/// candidate not learned yet takes the median (not the configured default, which is a
+/// simulated engine's). Nothing changes while none is learned.
+///
+/// A backend's learned cost is the median of its own last few samples, and on equal
+/// engines it still strays: the samples are what a request waited beyond the prefill
+/// at the learned rate, so a prefill rate learned slightly high reads the wait as
+/// free, and a core neighbour's burst reads as seconds a request. Three equal CPU
+/// engines once held 966, 0 and 1,707 ms a request; the "free" one then drew four of
+/// eight new conversations at once (`radixgate-bench real`, multiturn, concurrency
+/// 8). Engines of unequal speed differ mostly in their prefill rate, which stays
+/// per backend and unbounded.
+pub fn bound_queue_costs(candidates: &mut [Candidate]) {
+    let mut learned = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut n = 0;
+    for c in candidates.iter().filter(|c| c.queue_ns_per_request > 0) {
+        if n == learned.len() {
+            break;
+        }
+        learned[n] = c.queue_ns_per_request;
+        n += 1;
+    }
+    if n == 0 {
+        return;
+    }
+    let held = &mut learned[..n];
+    held.sort_unstable();
+    let median = held[n / 2];
+    let low = ((f64::from(median) / QUEUE_COST_SPREAD) as u32).max(1);
+    let high = (f64::from(median) * QUEUE_COST_SPREAD).min(f64::from(u32::MAX)) as u32;
+    for c in candidates {
+        c.queue_ns_per_request = match c.queue_ns_per_request {
+            0 => median,
+            learned => learned.clamp(low, high),
+        };
     }
 }
 

@@ -117,3 +117,24 @@ fn splice_keeps_the_first_identity_drops_the_role_chunk_and_sums_usage() {
     assert_eq!(v["usage"]["total_tokens"], 20);
     assert_eq!(done, "data: [DONE]\n\n");
 }
+
+/// A stream moved before its first token (`retry.first_token_timeout_ms`): the
+/// request goes out as the client sent it, and the client, which has had no event,
+/// gets the new engine's role chunk and identity untouched.
+#[test]
+fn nothing_streamed_yet_resends_the_request_and_passes_the_stream_through() {
+    let body = br#"{"model":"m","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hi"}]}"#;
+    let c = continuation_body(body, Endpoint::ChatCompletions, "", 0).unwrap();
+    assert_eq!(c, body);
+    let splice = Splice::new(None, 0);
+    let role = b"data: {\"id\":\"chatcmpl-0\",\"created\":99,\"model\":\"m2\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n";
+    let mut out = Vec::new();
+    splice.rewrite(role, &mut out);
+    let text = String::from_utf8(out).unwrap();
+    let v: Value = serde_json::from_str(text[6..].trim()).unwrap();
+    assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        (&v["id"], &v["created"]),
+        (&"chatcmpl-0".into(), &99.into())
+    );
+}

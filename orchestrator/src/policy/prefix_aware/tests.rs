@@ -761,3 +761,62 @@ fn the_factory_passes_the_prefix_config() {
     let pick = policy.pick(&input, &mut fastrand::Rng::with_seed(0));
     assert_eq!(pick, Some(picked(0, Reason::FallbackLeastLoaded)));
 }
+
+#[test]
+fn learned_queue_costs_are_bounded_around_their_median() {
+    let with = |costs: &[u32]| -> Vec<u32> {
+        let mut cands: Vec<Candidate> = costs
+            .iter()
+            .enumerate()
+            .map(|(b, &q)| Candidate {
+                queue_ns_per_request: q,
+                ..c(b, 0, 0)
+            })
+            .collect();
+        bound_queue_costs(&mut cands);
+        cands.iter().map(|c| c.queue_ns_per_request).collect()
+    };
+    // The median of the learned three is 966: "free" is raised to 966 / 1.5, the
+    // 1,707 lowered to 966 × 1.5, and the one not learned yet takes the median.
+    assert_eq!(with(&[966, 1, 1707, 0]), [966, 644, 1449, 966]);
+    assert_eq!(with(&[100, 110, 1000]), [100, 110, 165]);
+    // None learned: the configured default stays in charge.
+    assert_eq!(with(&[0, 0]), [0, 0]);
+    // One learned: everyone is priced like it.
+    assert_eq!(with(&[0, 40, 0]), [40, 40, 40]);
+}
+
+#[test]
+fn bounded_queue_costs_spread_new_conversations_over_equal_engines() {
+    // Three equal engines (0.5 ms a token) whose learned queue costs strayed as in
+    // the trace `bound_queue_costs` describes: 966, ~0 and 1,707 ms a request. Eight
+    // new ~300-token conversations arrive at once.
+    let learned = [966_000_000, 1, 1_707_000_000];
+    let place = |bound: bool| {
+        let mut p = defaults();
+        let mut in_flight = [0u32; 3];
+        let mut pending = [0u32; 3];
+        for seed in 0..8 {
+            let mut cands: Vec<Candidate> = (0..3)
+                .map(|b| Candidate {
+                    prefill_ns_per_token: 500_000,
+                    queue_ns_per_request: learned[b],
+                    pending_prefill_tokens: pending[b],
+                    ..c(b, in_flight[b], 0)
+                })
+                .collect();
+            if bound {
+                bound_queue_costs(&mut cands);
+            }
+            let chosen = pick_seeded(&mut p, &cands, 19, seed).backend;
+            in_flight[chosen] += 1;
+            pending[chosen] += 300;
+        }
+        in_flight
+    };
+    // Unbounded, the "free" engine takes nearly all of them.
+    assert!(place(false)[1] >= 6, "{:?}", place(false));
+    // Bounded, none takes more than three.
+    let spread = place(true);
+    assert!(spread.iter().all(|&n| n <= 3), "{spread:?}");
+}
