@@ -11,7 +11,9 @@
 //! alive but has sent no token: an engine with a 1 s-a-token prefill sends its
 //! stream's head at once (`--stream-head-first`, as vLLM does) and then nothing, and
 //! the client still reads the whole answer, from the other engine, without the slow
-//! one's breaker being told; with no other engine the stream waits for its own.
+//! one's breaker being told; an engine that sends the head with its first token is
+//! left before the client has anything; with no other engine the stream waits for its
+//! own.
 
 mod common;
 
@@ -473,3 +475,41 @@ fn a_late_stream_with_nowhere_to_go_waits_for_its_engine(io: &str) {
     );
 }
 both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);
+
+fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str) {
+    // Engines that send a stream's head with its first token: e0's never comes
+    // within the deadline, so the gateway retries before the client has anything.
+    let engines = vec![
+        Engine::start_with(io, 1_000_000, &[]),
+        Engine::start_with(io, 0, &[]),
+    ];
+    let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 300");
+    let addr = gw.local_addr();
+    let reads = [
+        stream(addr, Api::Chat, |_, _| {}),
+        stream(addr, Api::Chat, |_, _| {}),
+    ];
+    for read in &reads {
+        assert_eq!(
+            read.backend, "e1",
+            "the head came from the engine that answered"
+        );
+        assert_eq!(read.texts().len(), TOKENS, "{:?}", read.data);
+        assert_eq!(read.dones(), 1, "{:?}", read.data);
+    }
+    let m = metrics(addr);
+    let moved = metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}");
+    assert!(moved.is_some_and(|n| n >= 1.0), "{m}");
+    // Late is neither a failed attempt nor a broken backend.
+    assert_eq!(
+        metric(&m, "radixgate_retries_total{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "radixgate_breaker_state{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+both_drivers!(a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine);

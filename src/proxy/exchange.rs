@@ -281,9 +281,13 @@ pub(super) struct Exchange<'s> {
     /// (`retry.migrate_streams`).
     pub migrate_cut: bool,
     /// A watched stream whose backend has sent no body byte by then is moved to
-    /// another backend (`retry.first_token_timeout_ms`, set only when the decision had
-    /// an alternative).
+    /// another backend (`retry.first_token_timeout_ms`, set only when a retry is
+    /// possible): after the response head, as a [`Failure::StreamCut`] with `stalled`;
+    /// before it, as a [`Failure::Retryable`] with [`Exchange::stalled`] set.
     pub first_token_deadline: Option<Instant>,
+    /// The attempt failed because its backend sent not even a response head by
+    /// `first_token_deadline`: late, not broken.
+    pub stalled: bool,
 }
 
 impl<'s> Exchange<'s> {
@@ -304,6 +308,7 @@ impl<'s> Exchange<'s> {
             collect: None,
             migrate_cut: false,
             first_token_deadline: None,
+            stalled: false,
         }
     }
 }
@@ -356,7 +361,11 @@ impl Exchange<'_> {
             match self.send(request, body, Some(&*client)).await {
                 Ok(sent) => sent,
                 Err(e) if e.kind == ErrorKind::ClientClosed => return Err(self.client_gone()),
-                Err(e) => return Err(Failure::Retryable(e)),
+                Err(e) => {
+                    self.stalled =
+                        e.kind == ErrorKind::UpstreamTimeout && self.past_first_token_deadline();
+                    return Err(Failure::Retryable(e));
+                }
             };
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
@@ -637,7 +646,11 @@ impl Exchange<'_> {
             .first_byte_timeout
             .unwrap_or(upstream.first_byte_timeout);
         let start = Instant::now();
-        let deadline = start + first_byte_timeout;
+        // A stream's first-token deadline bounds the wait for its head too.
+        let deadline = match self.first_token_deadline {
+            Some(first_token) => first_token.min(start + first_byte_timeout),
+            None => start + first_byte_timeout,
+        };
         // The first pool lookup shares the deadline's clock reading; one after a
         // reconnect reads the clock again.
         let mut first = Some(start);
@@ -681,6 +694,15 @@ impl Exchange<'_> {
                     }
                 };
                 match read {
+                    Err(()) if self.past_first_token_deadline() => {
+                        return Err(GatewayError::new(
+                            ErrorKind::UpstreamTimeout,
+                            format!(
+                                "backend `{}` sent no token within retry.first_token_timeout_ms",
+                                backend.id
+                            ),
+                        ))
+                    }
                     Err(()) => {
                         return Err(GatewayError::new(
                             ErrorKind::UpstreamTimeout,

@@ -525,6 +525,8 @@ async fn attempt_all(
     // The prompt's blocks once the shard's scratch can no longer be trusted (after
     // an await, another request on this shard may have reused it).
     let mut carried = req.blocks.clone();
+    // A stream is moved for a late first token at most once.
+    let mut moved = false;
     loop {
         attempt += 1;
         let excluded_now = &excluded[..attempt - 1];
@@ -623,7 +625,7 @@ async fn attempt_all(
             migrate_cut: migrate_streams,
             // Moving a stalled stream needs somewhere to move it.
             first_token_deadline: first_token_timeout
-                .filter(|_| route.alternatives > 0)
+                .filter(|_| retry_possible && !moved)
                 .map(|timeout| started + timeout),
             ..Exchange::new(shard, backend, started)
         };
@@ -656,6 +658,19 @@ async fn attempt_all(
                 shard.report_outcome(backend, !failed);
                 exchange.record(facts, &route);
                 return Ok((keep_open, exchange.usage.usage));
+            }
+            Err(Failure::Retryable(e)) if exchange.stalled => {
+                // Not even a head by the first-token deadline: moved, once, outside
+                // the retry budget; late, not broken, so its breaker is not told.
+                route::roll_back(shard, &route);
+                shard.metrics.borrow_mut().first_token_timeouts[backend] += 1;
+                exchange.status = e.status();
+                exchange.record(facts, &route);
+                excluded[attempt - 1] = backend;
+                moved = true;
+                tracing::debug!(backend = %shard.backend_id(backend), "no token by the first-token deadline; moving the stream");
+                previous = Some((e, route));
+                continue;
             }
             Err(Failure::Retryable(e)) => {
                 route::roll_back(shard, &route);
