@@ -185,6 +185,9 @@ struct RetryWire {
     /// Move a stream whose engine has sent no token this long after the request
     /// arrived to another engine, once (0: never). See docs/operations.md.
     first_token_timeout_ms: u64,
+    /// With `first_token_timeout_ms`: the deadline is at least this many times the
+    /// cost model's estimated TTFT on the chosen engine (0: the fixed timeout alone).
+    first_token_timeout_factor: f64,
 }
 
 impl Default for RetryWire {
@@ -196,6 +199,7 @@ impl Default for RetryWire {
             migrate_streams: false,
             max_stream_migrations: 1,
             first_token_timeout_ms: 0,
+            first_token_timeout_factor: 0.0,
         }
     }
 }
@@ -810,6 +814,7 @@ pub struct RetryConfig {
     pub max_stream_migrations: u32,
     /// `None`: streams are never moved for a late first token.
     pub first_token_timeout: Option<Duration>,
+    pub first_token_timeout_factor: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -1422,6 +1427,11 @@ fn validate_retry(rw: RetryWire, errors: &mut Vec<String>) -> RetryConfig {
     });
     check_non_negative(rw.budget_ratio, "retry.budget_ratio", errors);
     check_non_negative(rw.min_retries_per_sec, "retry.min_retries_per_sec", errors);
+    check_non_negative(
+        rw.first_token_timeout_factor,
+        "retry.first_token_timeout_factor",
+        errors,
+    );
     RetryConfig {
         max_attempts,
         budget_ratio: rw.budget_ratio,
@@ -1430,6 +1440,7 @@ fn validate_retry(rw: RetryWire, errors: &mut Vec<String>) -> RetryConfig {
         max_stream_migrations: rw.max_stream_migrations,
         first_token_timeout: (rw.first_token_timeout_ms > 0)
             .then(|| Duration::from_millis(rw.first_token_timeout_ms)),
+        first_token_timeout_factor: rw.first_token_timeout_factor,
     }
 }
 

@@ -253,6 +253,10 @@ struct RealArgs {
     /// (0: off).
     #[arg(long, default_value_t = 0)]
     first_token_timeout_ms: u64,
+    /// The gateway's retry.first_token_timeout_factor under every policy: the
+    /// deadline is at least this many times the request's estimated TTFT.
+    #[arg(long, default_value_t = 0.0)]
+    first_token_timeout_factor: f64,
     /// More vLLM arguments for every engine, as one string (split on whitespace).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
     engine_args: String,
@@ -664,6 +668,7 @@ fn real_command(args: RealArgs) -> ExitCode {
         engine_args_for: args.engine_args_for,
         engine_cores: args.engine_cores,
         first_token_timeout_ms: args.first_token_timeout_ms,
+        first_token_timeout_factor: args.first_token_timeout_factor,
         slo_ms: args.slo_ms,
         block_tokens: args.block_tokens,
     };

@@ -76,6 +76,8 @@ pub struct RealConfig {
     pub block_tokens: usize,
     /// The gateway's `retry.first_token_timeout_ms` for every policy (0: off).
     pub first_token_timeout_ms: u64,
+    /// The gateway's `retry.first_token_timeout_factor` for every policy.
+    pub first_token_timeout_factor: f64,
 }
 
 /// The policy name that selects the precise-mode gateway.
@@ -217,8 +219,8 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
     ));
     if cfg.first_token_timeout_ms > 0 {
         progress(&format!(
-            "every policy's gateway moves a stream with no token after {} ms (retry.first_token_timeout_ms)",
-            cfg.first_token_timeout_ms
+            "every policy's gateway moves a stream with no token after {} ms, or {} times its estimated TTFT when longer (retry.first_token_timeout_ms, _factor)",
+            cfg.first_token_timeout_ms, cfg.first_token_timeout_factor
         ));
     }
     let block_bytes = (cfg.block_tokens as f64 * cfg.bytes_per_token).round() as usize;
@@ -537,8 +539,8 @@ impl Gateway {
         );
         let _ = write!(
             toml,
-            "\n[retry]\nfirst_token_timeout_ms = {}\n",
-            cfg.first_token_timeout_ms
+            "\n[retry]\nfirst_token_timeout_ms = {}\nfirst_token_timeout_factor = {:?}\n",
+            cfg.first_token_timeout_ms, cfg.first_token_timeout_factor
         );
         for (id, engine, events) in &fleet.engines {
             let _ = write!(

@@ -295,6 +295,9 @@ pub struct Decision {
     pub probe: bool,
     /// Other candidates a retry could go to.
     pub alternatives: usize,
+    /// The cost model's estimated time to first token on the pick, in ns, whatever
+    /// the policy (0 for split legs): what a first-token deadline scales with.
+    pub est_ttft_ns: u64,
     /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
     pub chunk_overlap: Option<(u32, u32)>,
     /// A split request's decode leg: the prefill backend of its pair.
@@ -447,6 +450,10 @@ impl Router {
             ),
             probe: fleet.breaker(pick.backend) == BreakerState::HalfOpen,
             alternatives,
+            // Saturating: an infinite estimate is the longest deadline.
+            est_ttft_ns: self
+                .cost_model
+                .est_ttft_ns(&chosen, facts.blocks.len() as u32) as u64,
             chunk_overlap: None,
             prefill: None,
             ops: Ops::default(),
@@ -552,6 +559,7 @@ impl Router {
                 uncached_tokens: 0,
                 probe: fleet.breaker(backend) == BreakerState::HalfOpen,
                 alternatives,
+                est_ttft_ns: 0,
                 chunk_overlap: None,
                 prefill,
                 ops,

@@ -138,6 +138,7 @@ pub const KEYS: &[Key] = &[
     live("retry.migrate_streams"),
     live("retry.max_stream_migrations"),
     live("retry.first_token_timeout_ms"),
+    live("retry.first_token_timeout_factor"),
     live("breaker.failure_threshold"),
     live("breaker.open_ms"),
     live("breaker.half_open_probes"),

@@ -508,7 +508,10 @@ async fn attempt_all(
         let retry = &shard.fleet.borrow().live.config.retry;
         let max_attempts = (retry.max_attempts.get() as usize).min(MAX_ATTEMPTS);
         let migrate = retry.migrate_streams && retry.max_stream_migrations > 0 && facts.stream;
-        let first_token = retry.first_token_timeout.filter(|_| facts.stream);
+        let first_token = retry
+            .first_token_timeout
+            .filter(|_| facts.stream)
+            .map(|timeout| (timeout, retry.first_token_timeout_factor));
         (max_attempts, migrate, first_token)
     };
     // The stream's text is watched when it may be continued elsewhere.
@@ -626,7 +629,9 @@ async fn attempt_all(
             // Moving a stalled stream needs somewhere to move it.
             first_token_deadline: first_token_timeout
                 .filter(|_| retry_possible && !moved)
-                .map(|timeout| started + timeout),
+                .map(|(timeout, factor)| {
+                    started + first_token_wait(timeout, factor, route.est_ttft_ns)
+                }),
             ..Exchange::new(shard, backend, started)
         };
         let result = exchange
@@ -905,4 +910,43 @@ fn write_head_lines(shard: &Shard, out: &mut Vec<u8>, upstream: &UpstreamHead<'_
         out.extend_from_slice(auth.as_bytes());
     }
     out.extend_from_slice(forward_headers);
+}
+
+/// How long a stream may go without a token before it is moved
+/// (`retry.first_token_timeout_ms`): the timeout, or `factor` times the decision's
+/// estimated TTFT when that is longer, so a request expected to wait behind a queue
+/// is not moved for waiting as expected.
+fn first_token_wait(
+    timeout: std::time::Duration,
+    factor: f64,
+    est_ttft_ns: u64,
+) -> std::time::Duration {
+    let scaled = factor * est_ttft_ns as f64;
+    // `as` saturates; an hour is longer than any stream is worth waiting for.
+    let scaled = std::time::Duration::from_nanos(scaled.min(3.6e12) as u64);
+    timeout.max(scaled)
+}
+
+#[cfg(test)]
+mod first_token_tests {
+    use super::first_token_wait;
+    use std::time::Duration;
+
+    #[test]
+    fn the_deadline_scales_with_the_estimate_above_the_timeout() {
+        let timeout = Duration::from_millis(1500);
+        // Off, or a short estimate: the timeout.
+        assert_eq!(first_token_wait(timeout, 0.0, 9_000_000_000), timeout);
+        assert_eq!(first_token_wait(timeout, 3.0, 300_000_000), timeout);
+        // A request expected to wait 2 s behind a queue may take 6.
+        assert_eq!(
+            first_token_wait(timeout, 3.0, 2_000_000_000),
+            Duration::from_secs(6)
+        );
+        // An unbounded estimate waits an hour at most.
+        assert_eq!(
+            first_token_wait(timeout, 3.0, u64::MAX),
+            Duration::from_secs(3600)
+        );
+    }
 }
