@@ -188,6 +188,8 @@ impl LiveConfig {
             index_touch_ms: config.routing.index_touch_ms,
             rag_chunk_weight: config.routing.rag_chunk_weight,
             half_open_probes: config.breaker.half_open_probes,
+            estimate_picks: config.retry.first_token_timeout.is_some()
+                && config.retry.first_token_timeout_factor > 0.0,
         };
         let split = backends
             .models()

@@ -229,6 +229,10 @@ pub struct RouterConfig {
     /// `breaker.half_open_probes`: probes one router lets through to a half-open
     /// backend at once.
     pub half_open_probes: u32,
+    /// Decisions carry the cost model's estimate for their pick
+    /// ([`Decision::est_ttft_ns`]); off, it is 0 and costs nothing (the gateway turns
+    /// it on only for `retry.first_token_timeout_factor`).
+    pub estimate_picks: bool,
 }
 
 impl Default for RouterConfig {
@@ -238,6 +242,7 @@ impl Default for RouterConfig {
             index_touch_ms: 100,
             rag_chunk_weight: 2,
             half_open_probes: 1,
+            estimate_picks: false,
         }
     }
 }
@@ -296,7 +301,8 @@ pub struct Decision {
     /// Other candidates a retry could go to.
     pub alternatives: usize,
     /// The cost model's estimated time to first token on the pick, in ns, whatever
-    /// the policy (0 for split legs): what a first-token deadline scales with.
+    /// the policy, with [`RouterConfig::estimate_picks`] (else 0; 0 for split legs):
+    /// what a first-token deadline scales with.
     pub est_ttft_ns: u64,
     /// RAG requests: `(chunks the pick held before, distinct chunks in the request)`.
     pub chunk_overlap: Option<(u32, u32)>,
@@ -451,9 +457,12 @@ impl Router {
             probe: fleet.breaker(pick.backend) == BreakerState::HalfOpen,
             alternatives,
             // Saturating: an infinite estimate is the longest deadline.
-            est_ttft_ns: self
-                .cost_model
-                .est_ttft_ns(&chosen, facts.blocks.len() as u32) as u64,
+            est_ttft_ns: if self.config.estimate_picks {
+                self.cost_model
+                    .est_ttft_ns(&chosen, facts.blocks.len() as u32) as u64
+            } else {
+                0
+            },
             chunk_overlap: None,
             prefill: None,
             ops: Ops::default(),

@@ -361,11 +361,7 @@ impl Exchange<'_> {
             match self.send(request, body, Some(&*client)).await {
                 Ok(sent) => sent,
                 Err(e) if e.kind == ErrorKind::ClientClosed => return Err(self.client_gone()),
-                Err(e) => {
-                    self.stalled =
-                        e.kind == ErrorKind::UpstreamTimeout && self.past_first_token_deadline();
-                    return Err(Failure::Retryable(e));
-                }
+                Err(e) => return Err(Failure::Retryable(e)),
             };
         self.status = resp.status;
         if may_retry && resp.status >= self.retry_from_status {
@@ -695,13 +691,14 @@ impl Exchange<'_> {
                 };
                 match read {
                     Err(()) if self.past_first_token_deadline() => {
+                        self.stalled = true;
                         return Err(GatewayError::new(
                             ErrorKind::UpstreamTimeout,
                             format!(
                                 "backend `{}` sent no token within retry.first_token_timeout_ms",
                                 backend.id
                             ),
-                        ))
+                        ));
                     }
                     Err(()) => {
                         return Err(GatewayError::new(

@@ -666,9 +666,8 @@ async fn attempt_all(
             }
             Err(Failure::Retryable(e)) if exchange.stalled => {
                 // Not even a head by the first-token deadline: moved, once, outside
-                // the retry budget; late, not broken, so its breaker is not told.
-                route::roll_back(shard, &route);
-                shard.metrics.borrow_mut().first_token_timeouts[backend] += 1;
+                // the retry budget.
+                forget_stalled(shard, &route);
                 exchange.status = e.status();
                 exchange.record(facts, &route);
                 excluded[attempt - 1] = backend;
@@ -715,11 +714,7 @@ async fn attempt_all(
                 // The cut backend holds nothing of this request any more.
                 drop((probe, in_flight));
                 if stalled {
-                    // It computed nothing the gateway knows of: the index forgets the
-                    // prompt there, as after a failed attempt. Late, not broken: its
-                    // breaker is not told.
-                    route::roll_back(shard, &route);
-                    shard.metrics.borrow_mut().first_token_timeouts[backend] += 1;
+                    forget_stalled(shard, &route);
                 } else {
                     shard.report_outcome(backend, false);
                 }
@@ -910,6 +905,15 @@ fn write_head_lines(shard: &Shard, out: &mut Vec<u8>, upstream: &UpstreamHead<'_
         out.extend_from_slice(auth.as_bytes());
     }
     out.extend_from_slice(forward_headers);
+}
+
+/// A stream leaves the backend that sent it no token by its first-token deadline:
+/// the index forgets the prompt there (it computed nothing the gateway knows of, as
+/// after a failed attempt) and the move is counted. Late, not broken: the breaker is
+/// not told.
+fn forget_stalled(shard: &Shard, route: &Decision) {
+    route::roll_back(shard, route);
+    shard.metrics.borrow_mut().first_token_timeouts[route.pick.backend] += 1;
 }
 
 /// How long a stream may go without a token before it is moved
