@@ -617,6 +617,58 @@ fn equal_loads_go_to_the_most_free_cache_room() {
 }
 
 #[test]
+fn a_new_prefix_goes_to_the_most_room_within_one_request_of_the_soonest() {
+    let mut p = defaults();
+    let room = |backend, in_flight, free| Candidate {
+        cache_free_blocks: Some(free),
+        ..c(backend, in_flight, 0)
+    };
+    // One request more than the idlest (5 ms here) is close enough to go by room;
+    // two are not.
+    let cands = [room(0, 0, 10), room(1, 1, 300), room(2, 2, 900)];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::NoMatch));
+    // A learned cost per request sets the width: at 300 ms a request, an engine
+    // with one request ahead is within it, and one with 60 ms of prefill queued
+    // besides is not.
+    let learned = |b, in_flight, pending, free| Candidate {
+        queue_ns_per_request: 300_000_000,
+        prefill_ns_per_token: 200_000,
+        pending_prefill_tokens: pending,
+        ..room(b, in_flight, free)
+    };
+    let cands = [
+        learned(0, 0, 0, 100),
+        learned(1, 1, 0, 400),
+        learned(2, 1, 300, 900),
+    ];
+    assert_eq!(pick(&mut p, &cands, 50), picked(1, Reason::NoMatch));
+}
+
+#[test]
+fn new_conversations_spread_over_the_caches_when_one_engine_is_always_idle() {
+    // The fast engine (1) has answered by the time each new conversation arrives;
+    // the other two are each still busy with one request. Every conversation of 16
+    // blocks is placed by free room within one request's wait, so the fast engine
+    // does not collect them all (it had five of eight on a real fleet, and they
+    // evicted each other as they grew).
+    let mut p = defaults();
+    let mut free = [512u32; 3];
+    let mut placed = [0u32; 3];
+    for seed in 0..9 {
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| Candidate {
+                cache_free_blocks: Some(free[b]),
+                ..c(b, u32::from(b != 1), 0)
+            })
+            .collect();
+        let chosen = pick_seeded(&mut p, &cands, 16, seed).backend;
+        placed[chosen] += 1;
+        free[chosen] -= 16;
+    }
+    assert_eq!(placed, [3, 3, 3]);
+}
+
+#[test]
 fn within_the_band_the_longest_match_beats_a_lower_estimate() {
     // Idle backend: 100 × 0.32 ms = 32 ms. Holder of 30: 5 ms × L + 22.4 ms.
     let config = |hysteresis| PrefixAwareConfig {
