@@ -384,6 +384,9 @@ struct PrefixAwareWire {
     /// Share of a cold prefill charged per cached block a placement would evict
     /// (0: eviction is free, the ablation).
     eviction_weight: f64,
+    /// A prompt with no useful match goes to the most free cache room among backends
+    /// whose wait is within this many requests of the shortest (0: shortest wait first).
+    new_prefix_slack_requests: u32,
 }
 
 impl Default for PrefixAwareWire {
@@ -397,6 +400,7 @@ impl Default for PrefixAwareWire {
             prefill_us_per_token: d.default_prefill_ns_per_token as f64 / 1e3,
             learn_queue_cost: d.learned_queue_cost,
             eviction_weight: d.eviction_weight,
+            new_prefix_slack_requests: d.new_prefix_slack_requests,
         }
     }
 }
@@ -1345,6 +1349,7 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         hysteresis: p.hysteresis,
         learned_queue_cost: p.learn_queue_cost,
         eviction_weight: p.eviction_weight,
+        new_prefix_slack_requests: p.new_prefix_slack_requests,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1808,6 +1813,21 @@ mod tests {
         Config::from_toml(&format!(
             "[routing]\n{extra}\n[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n"
         ))
+    }
+
+    #[test]
+    fn new_prefix_slack_is_read() {
+        let c = routing("[routing.prefix_aware]\nnew_prefix_slack_requests = 0").unwrap();
+        assert_eq!(c.routing.prefix_aware.new_prefix_slack_requests, 0);
+        let default = routing("").unwrap();
+        assert_eq!(
+            default.routing.prefix_aware.new_prefix_slack_requests,
+            radixgate_orchestrator::policy::prefix_aware::NEW_PREFIX_SLACK_REQUESTS
+        );
+        let err = routing("[routing.prefix_aware]\nnew_prefix_slack_requests = -1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("new_prefix_slack_requests"), "{err}");
     }
 
     #[test]

@@ -208,7 +208,8 @@ struct RealArgs {
     /// prefix_aware on a second gateway in precise mode (tokenizer, chat template and
     /// the engines' KV events); `prefix_aware_fixed_queue` is prefix_aware on a gateway
     /// that does not learn the delay per request ahead, `prefix_aware_no_eviction` one
-    /// that does not price eviction (the ablations).
+    /// that does not price eviction, `prefix_aware_wait_first` one that places a new
+    /// prefix on the shortest wait rather than by free cache room (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

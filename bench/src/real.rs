@@ -88,6 +88,10 @@ pub const FIXED_QUEUE: &str = "prefix_aware_fixed_queue";
 /// The policy name that selects prefix_aware on a gateway that does not price
 /// eviction (`routing.prefix_aware.eviction_weight = 0`): an ablation.
 pub const NO_EVICTION: &str = "prefix_aware_no_eviction";
+/// The policy name that selects prefix_aware on a gateway that places a new prefix on
+/// the shortest wait, not the most free room within a request of it
+/// (`routing.prefix_aware.new_prefix_slack_requests = 0`): an ablation.
+pub const WAIT_FIRST: &str = "prefix_aware_wait_first";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -100,6 +104,8 @@ enum Variant {
     FixedQueue,
     /// Bytes mode with eviction free.
     NoEviction,
+    /// Bytes mode with new prefixes placed on the shortest wait.
+    WaitFirst,
 }
 
 impl Variant {
@@ -109,6 +115,7 @@ impl Variant {
             PRECISE => (Variant::Precise, "prefix_aware"),
             FIXED_QUEUE => (Variant::FixedQueue, "prefix_aware"),
             NO_EVICTION => (Variant::NoEviction, "prefix_aware"),
+            WAIT_FIRST => (Variant::WaitFirst, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -119,6 +126,7 @@ impl Variant {
             Variant::Precise => "precise",
             Variant::FixedQueue => "fixed-queue",
             Variant::NoEviction => "no-eviction",
+            Variant::WaitFirst => "wait-first",
         }
     }
 }
@@ -531,6 +539,9 @@ impl Gateway {
             }
             Variant::NoEviction => {
                 toml.push_str("\n[routing.prefix_aware]\neviction_weight = 0.0\n")
+            }
+            Variant::WaitFirst => {
+                toml.push_str("\n[routing.prefix_aware]\nnew_prefix_slack_requests = 0\n")
             }
             Variant::Bytes | Variant::Precise => {}
         }

@@ -117,6 +117,7 @@ pub const KEYS: &[Key] = &[
     live("routing.prefix_aware.prefill_us_per_token"),
     live("routing.prefix_aware.learn_queue_cost"),
     live("routing.prefix_aware.eviction_weight"),
+    live("routing.prefix_aware.new_prefix_slack_requests"),
     live("routing.rag_field"),
     live("routing.rag_chunk_weight"),
     restart("routing.rag_max_chunks"),

@@ -58,7 +58,8 @@
 //! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
 //! 2. when the longest match is shorter than `min_match_blocks`, to the one with the
 //!    most free cache room among those whose wait (the first two terms above) is
-//!    within one request's cost of the shortest, then the shortest wait
+//!    within `new_prefix_slack_requests` (default [`NEW_PREFIX_SLACK_REQUESTS`])
+//!    requests' cost of the shortest, then the shortest wait
 //!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
 //! 3. otherwise to the unsaturated candidate with the longest match inside the tie band
 //!    (estimates within `hysteresis` of the best, plus [`TIE_FLOOR_NS`]), then the least
@@ -79,12 +80,8 @@
 //! again. On an idle fleet every queue is empty, and a random pick put five of eight
 //! new conversations on one engine whose cache could hold three; they then evicted
 //! each other at every turn (`radixgate-bench real`, multiturn, 64 blocks, concurrency 1).
-//! A new prefix (step 2) goes by room even when the loads differ by up to one request:
-//! a new conversation grows at every turn, and where it is placed decides where its
-//! turns will find their cache. By the shortest wait alone, the one engine that had
-//! always just answered (the fastest, alone on its core) took five of eight new
-//! conversations at concurrency 4, its cache then churned, and the engine hit rate was
-//! 0.73 of the ceiling; by room within one request it was 0.86 (same benchmark).
+//! A new prefix (step 2) goes by room even when the waits differ by up to one request
+//! ([`NEW_PREFIX_SLACK_REQUESTS`] says why).
 //!
 //! "Least loaded" counts `load` throughout; ties among equals
 //! are broken by the caller's seeded RNG (reservoir sampling, one pass, no scratch), so a
@@ -116,6 +113,15 @@ pub const SATURATION_OVER_MEAN: f64 = 1.5;
 /// mean TTFT 2.5–9.6 ms). At 0.25: 98.1–98.4%, 2.7–3.6 ms, load CoV ≤ 0.10. At 0.5 and
 /// 1 the hit rate is the same or slightly higher but load CoV reaches 0.12 and 0.18.
 pub const EVICTION_WEIGHT: f64 = 0.25;
+
+/// How many requests' wait a backend may be behind the soonest and still take a new
+/// prefix for its free cache room ([`PrefixAwareConfig::new_prefix_slack_requests`]).
+/// A new conversation grows at every turn where it is placed. By the shortest wait
+/// alone (0), the engine that had always just answered took five of eight new
+/// conversations and its cache churned (`radixgate-bench real`, multiturn, 64
+/// blocks, concurrency 4: engine hit rate 0.73 of the ceiling); within one request,
+/// 0.86. Two would let a placement wait a whole extra request for room.
+pub const NEW_PREFIX_SLACK_REQUESTS: u32 = 1;
 
 /// The cost model and thresholds of `prefix_aware`.
 ///
@@ -180,6 +186,11 @@ pub struct PrefixAwareConfig {
     /// ([`PrefixAware::eviction_ns`]; default [`EVICTION_WEIGHT`]; 0 turns the term off,
     /// the ablation). Negative, NaN or infinite values count as 0.
     pub eviction_weight: f64,
+    /// A prompt with no useful match goes to the most free cache room among the
+    /// backends whose wait is within this many requests (at each one's cost per
+    /// request) of the shortest; 0: the shortest wait first, room only among equals
+    /// (the ablation). Default [`NEW_PREFIX_SLACK_REQUESTS`].
+    pub new_prefix_slack_requests: u32,
 }
 
 impl Default for PrefixAwareConfig {
@@ -193,6 +204,7 @@ impl Default for PrefixAwareConfig {
             hysteresis: 0.1,
             learned_queue_cost: true,
             eviction_weight: EVICTION_WEIGHT,
+            new_prefix_slack_requests: NEW_PREFIX_SLACK_REQUESTS,
         }
     }
 }
@@ -208,6 +220,7 @@ pub struct PrefixAware {
     band: f64,
     learned_queue_cost: bool,
     eviction_weight: f64,
+    new_prefix_slack: f64,
 }
 
 // === impl PrefixAware ===
@@ -224,6 +237,7 @@ impl PrefixAware {
             band: 1.0 + non_negative(config.hysteresis),
             learned_queue_cost: config.learned_queue_cost,
             eviction_weight: non_negative(config.eviction_weight),
+            new_prefix_slack: f64::from(config.new_prefix_slack_requests),
         }
     }
 
@@ -401,14 +415,14 @@ impl RoutingPolicy for PrefixAware {
                 Reason::FallbackLeastLoaded
             };
             // A new prefix goes where the cache has the most room, among the backends
-            // that could start it within one request's wait of the soonest.
+            // that could start it within `new_prefix_slack_requests` of the soonest.
             let soonest = candidates
                 .iter()
                 .map(|c| self.queue_ns(c))
                 .fold(f64::INFINITY, f64::min);
             return choose(candidates, rng, |c| {
                 let wait = self.queue_ns(c);
-                (wait <= soonest + self.per_request_ns(c))
+                (wait <= soonest + self.new_prefix_slack * self.per_request_ns(c))
                     .then(|| (Reverse(free_room(c)), wait as u64))
             })
             .and_then(|c| pick(c, reason));

@@ -68,6 +68,7 @@ fn default_config() {
             hysteresis: 0.1,
             learned_queue_cost: true,
             eviction_weight: 0.25,
+            new_prefix_slack_requests: 1,
         }
     );
 }
