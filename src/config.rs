@@ -387,6 +387,15 @@ struct PrefixAwareWire {
     /// A prompt with no useful match goes to the most free cache room among backends
     /// whose wait is within this many requests of the shortest (0: shortest wait first).
     new_prefix_slack_requests: u32,
+    /// Learn each backend's prefill cost as a fixed delay plus a cost per token
+    /// (false: a cost per token alone, the ablation).
+    learn_fixed_delay: bool,
+    /// Blocks a backend last used this long ago count as free cache room (0: only
+    /// truly free blocks).
+    room_stale_after_ms: u64,
+    /// A new prefix goes to the backend given the fewest new prefixes lately, then
+    /// by cache room (false: by room alone, the ablation).
+    spread_new_prefixes: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -401,6 +410,9 @@ impl Default for PrefixAwareWire {
             learn_queue_cost: d.learned_queue_cost,
             eviction_weight: d.eviction_weight,
             new_prefix_slack_requests: d.new_prefix_slack_requests,
+            learn_fixed_delay: d.learned_fixed_delay,
+            room_stale_after_ms: d.room_stale_after_ms,
+            spread_new_prefixes: d.spread_new_prefixes,
         }
     }
 }
@@ -1350,6 +1362,9 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         learned_queue_cost: p.learn_queue_cost,
         eviction_weight: p.eviction_weight,
         new_prefix_slack_requests: p.new_prefix_slack_requests,
+        learned_fixed_delay: p.learn_fixed_delay,
+        room_stale_after_ms: p.room_stale_after_ms,
+        spread_new_prefixes: p.spread_new_prefixes,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1813,6 +1828,50 @@ mod tests {
         Config::from_toml(&format!(
             "[routing]\n{extra}\n[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n"
         ))
+    }
+
+    #[test]
+    fn spread_new_prefixes_is_read() {
+        assert!(
+            routing("")
+                .unwrap()
+                .routing
+                .prefix_aware
+                .spread_new_prefixes
+        );
+        let off = routing("[routing.prefix_aware]\nspread_new_prefixes = false").unwrap();
+        assert!(!off.routing.prefix_aware.spread_new_prefixes);
+    }
+
+    #[test]
+    fn room_stale_after_is_read() {
+        let c = routing("[routing.prefix_aware]\nroom_stale_after_ms = 0").unwrap();
+        assert_eq!(c.routing.prefix_aware.room_stale_after_ms, 0);
+        assert_eq!(
+            routing("")
+                .unwrap()
+                .routing
+                .prefix_aware
+                .room_stale_after_ms,
+            radixgate_orchestrator::policy::prefix_aware::ROOM_STALE_AFTER_MS
+        );
+    }
+
+    #[test]
+    fn learn_fixed_delay_is_read() {
+        assert!(
+            routing("")
+                .unwrap()
+                .routing
+                .prefix_aware
+                .learned_fixed_delay
+        );
+        let off = routing("[routing.prefix_aware]\nlearn_fixed_delay = false").unwrap();
+        assert!(!off.routing.prefix_aware.learned_fixed_delay);
+        let err = routing("[routing.prefix_aware]\nlearn_fixed_delay = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("learn_fixed_delay"), "{err}");
     }
 
     #[test]

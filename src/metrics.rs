@@ -575,11 +575,16 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         }
     }
     type Learned = fn(&LearnedCost) -> u32;
-    let learned_gauges: [(&'static str, &'static str, Learned); 2] = [
+    let learned_gauges: [(&'static str, &'static str, Learned); 3] = [
         (
             "radixgate_backend_prefill_ns_per_token",
             "Learned prefill cost per uncached prompt token (mean over shards that learned one; 0 = none yet).",
-            |l| l.prefill_ns_per_token,
+            |l| l.prefill_cost(true).0,
+        ),
+        (
+            "radixgate_backend_prefill_fixed_ns",
+            "Learned delay before every first token whatever the prompt (mean over shards that learned one; 0 = none or not yet).",
+            |l| l.prefill_cost(true).1,
         ),
         (
             "radixgate_backend_queue_ns_per_request",

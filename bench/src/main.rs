@@ -209,7 +209,11 @@ struct RealArgs {
     /// the engines' KV events); `prefix_aware_fixed_queue` is prefix_aware on a gateway
     /// that does not learn the delay per request ahead, `prefix_aware_no_eviction` one
     /// that does not price eviction, `prefix_aware_wait_first` one that places a new
-    /// prefix on the shortest wait rather than by free cache room (the ablations).
+    /// prefix on the shortest wait rather than by free cache room,
+    /// `prefix_aware_no_fixed_delay` one that learns the prefill cost as a rate per
+    /// token alone, `prefix_aware_free_room_only` one that counts only truly free
+    /// blocks as cache room, `prefix_aware_room_first` one that places a new prefix
+    /// by cache room alone (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -92,6 +92,18 @@ pub const NO_EVICTION: &str = "prefix_aware_no_eviction";
 /// the shortest wait, not the most free room within a request of it
 /// (`routing.prefix_aware.new_prefix_slack_requests = 0`): an ablation.
 pub const WAIT_FIRST: &str = "prefix_aware_wait_first";
+/// The policy name that selects prefix_aware on a gateway that learns each backend's
+/// prefill cost as a rate per token alone, with no fixed delay
+/// (`routing.prefix_aware.learn_fixed_delay = false`): an ablation.
+pub const NO_FIXED_DELAY: &str = "prefix_aware_no_fixed_delay";
+/// The policy name that selects prefix_aware on a gateway that counts only truly free
+/// blocks as cache room, not blocks unused for a minute
+/// (`routing.prefix_aware.room_stale_after_ms = 0`): an ablation.
+pub const FREE_ROOM_ONLY: &str = "prefix_aware_free_room_only";
+/// The policy name that selects prefix_aware on a gateway that places a new prefix by
+/// cache room alone, not first on the backend given the fewest new prefixes lately
+/// (`routing.prefix_aware.spread_new_prefixes = false`): an ablation.
+pub const ROOM_FIRST: &str = "prefix_aware_room_first";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -106,6 +118,12 @@ enum Variant {
     NoEviction,
     /// Bytes mode with new prefixes placed on the shortest wait.
     WaitFirst,
+    /// Bytes mode with the prefill cost learned as a rate alone.
+    NoFixedDelay,
+    /// Bytes mode with only truly free blocks as cache room.
+    FreeRoomOnly,
+    /// Bytes mode with new prefixes placed by room alone.
+    RoomFirst,
 }
 
 impl Variant {
@@ -116,6 +134,9 @@ impl Variant {
             FIXED_QUEUE => (Variant::FixedQueue, "prefix_aware"),
             NO_EVICTION => (Variant::NoEviction, "prefix_aware"),
             WAIT_FIRST => (Variant::WaitFirst, "prefix_aware"),
+            NO_FIXED_DELAY => (Variant::NoFixedDelay, "prefix_aware"),
+            FREE_ROOM_ONLY => (Variant::FreeRoomOnly, "prefix_aware"),
+            ROOM_FIRST => (Variant::RoomFirst, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -127,6 +148,9 @@ impl Variant {
             Variant::FixedQueue => "fixed-queue",
             Variant::NoEviction => "no-eviction",
             Variant::WaitFirst => "wait-first",
+            Variant::NoFixedDelay => "no-fixed-delay",
+            Variant::FreeRoomOnly => "free-room-only",
+            Variant::RoomFirst => "room-first",
         }
     }
 }
@@ -543,6 +567,15 @@ impl Gateway {
             Variant::WaitFirst => {
                 toml.push_str("\n[routing.prefix_aware]\nnew_prefix_slack_requests = 0\n")
             }
+            Variant::NoFixedDelay => {
+                toml.push_str("\n[routing.prefix_aware]\nlearn_fixed_delay = false\n")
+            }
+            Variant::FreeRoomOnly => {
+                toml.push_str("\n[routing.prefix_aware]\nroom_stale_after_ms = 0\n")
+            }
+            Variant::RoomFirst => {
+                toml.push_str("\n[routing.prefix_aware]\nspread_new_prefixes = false\n")
+            }
             Variant::Bytes | Variant::Precise => {}
         }
         toml.push_str(
@@ -638,10 +671,10 @@ fn engine_args(cfg: &RealConfig) -> Vec<String> {
     args
 }
 
-/// The costs a gateway has learned per backend (`radixgate_backend_prefill_ns_per_token`
-/// and `_queue_ns_per_request`), as `id prefill ms/token, queue ms/request` per
-/// backend: what steers the first placements of the next run. `None` when the
-/// metrics cannot be read.
+/// The costs a gateway has learned per backend (`radixgate_backend_prefill_fixed_ns`,
+/// `_prefill_ns_per_token` and `_queue_ns_per_request`), as `id fixed ms + prefill
+/// ms/token, queue ms/request` per backend: what steers the first placements of the
+/// next run. `None` when the metrics cannot be read.
 fn learned_costs(gateway: SocketAddr) -> Option<String> {
     learned_costs_in(&http_get(gateway, "/metrics").ok()?)
 }
@@ -659,12 +692,24 @@ fn learned_costs_in(text: &str) -> Option<String> {
             .collect()
     };
     let prefill = per_backend("radixgate_backend_prefill_ns_per_token");
+    let fixed = per_backend("radixgate_backend_prefill_fixed_ns");
     let queue = per_backend("radixgate_backend_queue_ns_per_request");
+    let of = |values: &[(String, f64)], id: &str| {
+        values
+            .iter()
+            .find(|(i, _)| i == id)
+            .map_or(0.0, |(_, v)| *v)
+    };
     let parts: Vec<String> = prefill
         .iter()
         .map(|(id, p)| {
-            let q = queue.iter().find(|(i, _)| i == id).map_or(0.0, |(_, q)| *q);
-            format!("{id} {:.3} ms/token, {:.0} ms/request", p / 1e6, q / 1e6)
+            let (f, q) = (of(&fixed, id), of(&queue, id));
+            format!(
+                "{id} {:.0} ms + {:.3} ms/token, {:.0} ms/request",
+                f / 1e6,
+                p / 1e6,
+                q / 1e6
+            )
         })
         .collect();
     (!parts.is_empty()).then(|| parts.join("; "))
@@ -712,15 +757,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn learned_costs_pair_each_backends_two_gauges() {
+    fn learned_costs_join_each_backends_gauges() {
         let text = "# TYPE radixgate_backend_prefill_ns_per_token gauge\n\
             radixgate_backend_prefill_ns_per_token{backend=\"vllm-0\"} 450000\n\
             radixgate_backend_prefill_ns_per_token{backend=\"vllm-1\"} 0\n\
             radixgate_backend_queue_ns_per_request{backend=\"vllm-1\"} 210000000\n\
-            radixgate_backend_queue_ns_per_request{backend=\"vllm-0\"} 90000000\n";
+            radixgate_backend_queue_ns_per_request{backend=\"vllm-0\"} 90000000\n\
+            radixgate_backend_prefill_fixed_ns{backend=\"vllm-0\"} 1000000000\n";
         assert_eq!(
             learned_costs_in(text).as_deref(),
-            Some("vllm-0 0.450 ms/token, 90 ms/request; vllm-1 0.000 ms/token, 210 ms/request")
+            Some(
+                "vllm-0 1000 ms + 0.450 ms/token, 90 ms/request; \
+                 vllm-1 0 ms + 0.000 ms/token, 210 ms/request"
+            )
         );
         assert_eq!(learned_costs_in("radixgate_up 1\n"), None);
     }

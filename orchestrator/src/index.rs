@@ -66,6 +66,11 @@ mod model;
 #[cfg(test)]
 mod tests;
 
+/// How many of a backend's least recently used nodes [`PrefixIndex::room_blocks`]
+/// looks at: a bound on a routing decision's cost, not on the answer's use (a cache
+/// with more stale nodes than this is counted as holding only these many stale).
+pub const STALE_WALK_NODES: usize = 64;
+
 /// Sentinel for "no node" in parent links.
 const NIL: u32 = u32::MAX;
 /// The root: an empty edge, no holders, never freed.
@@ -395,6 +400,23 @@ impl PrefixIndex {
     pub fn free_blocks(&self, backend: BackendIdx) -> Option<usize> {
         let slot = self.backends.get(backend).filter(|s| s.declared)?;
         Some(slot.capacity.saturating_sub(slot.held))
+    }
+
+    /// Blocks `backend` can take without evicting any it used at or after
+    /// `stale_before`: its free room plus what it last used before then, counted over
+    /// at most [`STALE_WALK_NODES`] of its least recently used nodes (so the cost is
+    /// bounded however much is stale). `None` for an undeclared backend. With
+    /// `stale_before = 0` nothing is stale: the free room alone.
+    pub fn room_blocks(&self, backend: BackendIdx, stale_before: u64) -> Option<usize> {
+        let slot = self.backends.get(backend).filter(|s| s.declared)?;
+        let mut room = slot.capacity.saturating_sub(slot.held);
+        for key in slot.lru.iter().take(STALE_WALK_NODES) {
+            if key.last_used >= stale_before {
+                break;
+            }
+            room += self.nodes[key.node as usize].edge.len();
+        }
+        Some(room.min(slot.capacity))
     }
 
     /// Live nodes, the root not counted.

@@ -124,6 +124,8 @@ pub struct BackendState {
     pub prefill_progress_ns: u64,
     /// Learned prefill cost (0: the cost model's default).
     pub prefill_ns_per_token: u32,
+    /// Learned fixed delay before a first token (see [`Candidate::prefill_fixed_ns`]).
+    pub prefill_fixed_ns: u32,
     /// Learned delay per request ahead (0: the cost model's default).
     pub queue_ns_per_request: u32,
 }
@@ -387,6 +389,15 @@ impl Router {
         &self.config
     }
 
+    /// Index time before which a block a backend holds counts as free cache room
+    /// (`routing.prefix_aware.room_stale_after_ms`; 0 when that is off).
+    fn stale_before(&self, now_ms: u64) -> u64 {
+        match self.config.policy.prefix.room_stale_after_ms {
+            0 => 0,
+            after => now_ms.saturating_sub(after),
+        }
+    }
+
     /// New settings: the policies and the cost model are rebuilt from them (policy
     /// cursors restart); the RNG carries on.
     pub fn reconfigure(&mut self, config: RouterConfig) {
@@ -412,6 +423,7 @@ impl Router {
             session_home,
             pool: Pool::Whole,
             probe_limit: self.config.half_open_probes,
+            stale_before: self.stale_before(now_ms),
         };
         let candidates = &mut self.candidates;
         filter.fill(candidates, &self.matches, replica, fleet)?;
@@ -509,11 +521,13 @@ impl Router {
         now_ms: u64,
     ) -> Result<PairOutcome, RouteError> {
         self.match_prompt(replica, facts.blocks);
+        let stale_before = self.stale_before(now_ms);
         let filter = |pool| Filter {
             facts,
             session_home: None,
             pool,
             probe_limit: self.config.half_open_probes,
+            stale_before,
         };
         filter(Pool::Prefill).fill(&mut self.prefill, &self.matches, replica, fleet)?;
         filter(Pool::Decode).fill(&mut self.candidates, &self.matches, replica, fleet)?;
@@ -593,11 +607,13 @@ impl Router {
         facts: &RoutingFacts<'_>,
     ) -> Option<Estimate> {
         self.match_prompt(replica, facts.blocks);
+        // Room only ranks (eviction is not part of an estimate): free room alone.
         let filter = Filter {
             facts,
             session_home: None,
             pool: Pool::Whole,
             probe_limit: self.config.half_open_probes,
+            stale_before: 0,
         };
         let filled = filter.fill(&mut self.candidates, &self.matches, replica, fleet);
         if filled.is_err() || self.candidates.is_empty() {
@@ -662,6 +678,8 @@ struct Filter<'f> {
     session_home: Option<BackendIdx>,
     pool: Pool,
     probe_limit: u32,
+    /// Blocks last used before this (index time, ms) count as free cache room.
+    stale_before: u64,
 }
 
 impl Filter<'_> {
@@ -715,10 +733,11 @@ impl Filter<'_> {
                     pending_prefill_tokens: state.pending_prefill_tokens,
                     prefill_progress_ns: state.prefill_progress_ns,
                     prefill_ns_per_token: state.prefill_ns_per_token,
+                    prefill_fixed_ns: state.prefill_fixed_ns,
                     queue_ns_per_request: state.queue_ns_per_request,
                     session_home: self.session_home == Some(b),
                     uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
-                    cache_free_blocks: free_blocks(&replica.index, b),
+                    cache_free_blocks: free_blocks(&replica.index, b, self.stale_before),
                 });
             }
         }
@@ -733,10 +752,16 @@ impl Filter<'_> {
     }
 }
 
-/// [`Candidate::cache_free_blocks`] from the index (saturated to `u32::MAX`).
-pub fn free_blocks(index: &crate::PrefixIndex, backend: BackendIdx) -> Option<u32> {
+/// [`Candidate::cache_free_blocks`] from the index: the backend's free room plus the
+/// blocks it last used before `stale_before` ([`crate::PrefixIndex::room_blocks`]),
+/// saturated to `u32::MAX`.
+pub fn free_blocks(
+    index: &crate::PrefixIndex,
+    backend: BackendIdx,
+    stale_before: u64,
+) -> Option<u32> {
     index
-        .free_blocks(backend)
+        .room_blocks(backend, stale_before)
         .map(|free| u32::try_from(free).unwrap_or(u32::MAX))
 }
 

@@ -789,14 +789,23 @@ impl Exchange<'_> {
         m.prediction_abs_error[backend] += predicted.abs_diff(reported);
         drop(m);
         if let (Some(ttft), Some(prompt), 200) = (ttft, u.prompt_tokens, self.status) {
-            shard.per_backend.borrow_mut()[backend]
-                .learned
-                .learn(Sample {
+            let fixed_delay = shard
+                .fleet
+                .borrow()
+                .live
+                .config
+                .routing
+                .prefix_aware
+                .learned_fixed_delay;
+            shard.per_backend.borrow_mut()[backend].learned.learn(
+                Sample {
                     ttft_ns: ttft.as_nanos().min(u64::MAX as u128) as u64,
                     uncached_tokens: prompt.saturating_sub(reported),
                     in_flight_before: route.in_flight_before,
                     pending_prefill_before: route.pending_prefill_before,
-                });
+                },
+                fixed_delay,
+            );
         }
     }
 }

@@ -62,6 +62,13 @@ impl FleetView for ShardFleet<'_> {
         let config = snapshot.live.backends.config(b);
         let engine = snapshot.engine[b];
         let local = self.per_backend.get(b).copied().unwrap_or_default();
+        let fixed_delay = snapshot
+            .live
+            .config
+            .routing
+            .prefix_aware
+            .learned_fixed_delay;
+        let (prefill_ns_per_token, prefill_fixed_ns) = local.learned.prefill_cost(fixed_delay);
         BackendState {
             role: config.role,
             capabilities: config.capabilities,
@@ -75,7 +82,8 @@ impl FleetView for ShardFleet<'_> {
             engine_kv_usage: engine.map_or(0.0, |e| e.kv_usage),
             pending_prefill_tokens: self.pending_prefill.tokens(b),
             prefill_progress_ns: self.pending_prefill.progress_ns(b, self.now),
-            prefill_ns_per_token: local.learned.prefill_ns_per_token,
+            prefill_ns_per_token,
+            prefill_fixed_ns,
             queue_ns_per_request: local.learned.queue_ns_per_request,
         }
     }

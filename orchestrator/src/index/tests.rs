@@ -42,6 +42,21 @@ fn free_blocks_is_the_room_left_before_eviction() {
 }
 
 #[test]
+fn room_counts_blocks_unused_since_the_cutoff_as_free() {
+    let mut idx = index(100, &[10, 10]);
+    idx.insert(0, &[1, 2, 3, 4], 1);
+    idx.insert(0, &[5, 6, 7], 50);
+    assert_eq!(idx.room_blocks(0, 0), Some(3), "nothing is stale before 0");
+    assert_eq!(idx.room_blocks(0, 10), Some(7), "the chain last used at 1");
+    assert_eq!(idx.room_blocks(0, 51), Some(10), "the whole cache");
+    // Using the first half of a chain again keeps that half in use.
+    idx.insert(0, &[1, 2], 60);
+    assert_eq!(idx.room_blocks(0, 10), Some(5));
+    assert_eq!(idx.room_blocks(1, 100), Some(10), "empty");
+    assert_eq!(idx.room_blocks(2, 100), None, "undeclared");
+}
+
+#[test]
 fn one_chain_is_one_node() {
     let mut idx = index(100, &[10]);
     idx.insert(0, &[1, 2, 3, 4], 1);

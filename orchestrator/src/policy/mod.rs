@@ -39,6 +39,9 @@ pub struct Candidate {
     pub engine_waiting: u32,
     /// Learned prefill cost on this backend (0: use the policy's configured default).
     pub prefill_ns_per_token: u32,
+    /// Learned delay every request waits on this backend before its first token,
+    /// whatever its prompt, in ns (0: none, or not learned).
+    pub prefill_fixed_ns: u32,
     /// Learned delay each request ahead adds on this backend beyond the prefill
     /// queued there (0: use the policy's configured `queue_ns_per_request`).
     pub queue_ns_per_request: u32,
@@ -317,9 +320,10 @@ pub fn build_policy(name: PolicyName, config: &PolicyConfig) -> Policy {
             config.hash_virtual_nodes,
             config.hash_load_factor,
         )),
-        PolicyName::PrefixAware => {
-            Policy::PrefixAware(prefix_aware::PrefixAware::new(&config.prefix))
-        }
+        PolicyName::PrefixAware => Policy::PrefixAware(prefix_aware::PrefixAware::for_backends(
+            &config.prefix,
+            config.backend_ids.len(),
+        )),
     }
 }
 

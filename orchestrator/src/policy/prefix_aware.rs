@@ -5,14 +5,16 @@
 //! passes, per candidate, the leading blocks that backend holds (`matched_blocks`), its
 //! fleet-wide in-flight count, the engine's scraped waiting queue, the prefill work it
 //! has sent there that has not produced a first token yet (`pending_prefill_tokens`),
-//! its learned prefill cost and whether the request's session is bound to it. Each
-//! candidate gets an estimated time to first token:
+//! its learned prefill cost (a fixed delay and a rate per token) and whether the
+//! request's session is bound to it. Each candidate gets an estimated time to first
+//! token:
 //!
 //! ```text
 //! load        = max(in_flight, engine_waiting)
 //! queued      = prefill_ns_per_token * pending_prefill_tokens
 //! est_ttft_ns = queue_ns_per_request * load
 //!             + queued - (prefill_progress_ns if it is below queued, else 0)
+//!             + prefill_fixed_ns
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
 //!             + prefill_ns_per_token * uncached_media_tokens
 //! ```
@@ -47,7 +49,10 @@
 //! hundreds of milliseconds, not the default's 2.5 ms, and affinity must yield to a
 //! queue accordingly). The router bounds the learned ones to within a factor of
 //! [`QUEUE_COST_SPREAD`] of the candidates' median, and gives that median to a
-//! backend not learned yet ([`bound_queue_costs`]). The last,
+//! backend not learned yet ([`bound_queue_costs`]). `prefill_fixed_ns` is what every
+//! request waits on that backend before its first token whatever its prompt (learned
+//! by the gateway; on a CPU engine whose core neighbour has just worked, about a
+//! second). The last,
 //! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
 //! charged to candidates whose match does not reach them ([`crate::media`]).
 //!
@@ -57,7 +62,7 @@
 //!
 //! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
 //! 2. when the longest match is shorter than `min_match_blocks`, to the one with the
-//!    most free cache room among those whose wait (the first two terms above) is
+//!    most free cache room among those whose wait (the first three terms above) is
 //!    within `new_prefix_slack_requests` (default [`NEW_PREFIX_SLACK_REQUESTS`])
 //!    requests' cost of the shortest, then the shortest wait
 //!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
@@ -81,7 +86,10 @@
 //! new conversations on one engine whose cache could hold three; they then evicted
 //! each other at every turn (`radixgate-bench real`, multiturn, 64 blocks, concurrency 1).
 //! A new prefix (step 2) goes by room even when the waits differ by up to one request
-//! ([`NEW_PREFIX_SLACK_REQUESTS`] says why).
+//! ([`NEW_PREFIX_SLACK_REQUESTS`] says why). Room counts the blocks a backend has not
+//! used for `room_stale_after_ms` (default [`ROOM_STALE_AFTER_MS`]) as free: in steady
+//! state every cache is full, and a full cache of what nobody asks for any more is as
+//! good a place as an empty one (the router computes it, [`crate::PrefixIndex::room_blocks`]).
 //!
 //! "Least loaded" counts `load` throughout; ties among equals
 //! are broken by the caller's seeded RNG (reservoir sampling, one pass, no scratch), so a
@@ -89,7 +97,7 @@
 
 use std::cmp::Reverse;
 
-use super::{Candidate, Pick, Reason, RouteInput, RoutingPolicy};
+use super::{BackendIdx, Candidate, Pick, Reason, RouteInput, RoutingPolicy};
 
 /// Absolute width added to the relative tie band, so near-zero estimates (an idle
 /// fleet and a fully cached prompt) still leave room for ties instead of letting a few
@@ -122,6 +130,14 @@ pub const EVICTION_WEIGHT: f64 = 0.25;
 /// blocks, concurrency 4: engine hit rate 0.73 of the ceiling); within one request,
 /// 0.86. Two would let a placement wait a whole extra request for room.
 pub const NEW_PREFIX_SLACK_REQUESTS: u32 = 1;
+
+/// How long ago a backend must have last used a block for it to count as free cache
+/// room ([`PrefixAwareConfig::room_stale_after_ms`]). A cache the index counts as full
+/// of documents from minutes ago took no new conversations while an empty one took
+/// six of eight, which then evicted each other (`radixgate-bench real`, multiturn
+/// after docs, concurrency 1). A minute is far beyond one conversation's turns here
+/// (seconds) and within what a user takes to read a reply.
+pub const ROOM_STALE_AFTER_MS: u64 = 60_000;
 
 /// The cost model and thresholds of `prefix_aware`.
 ///
@@ -191,6 +207,20 @@ pub struct PrefixAwareConfig {
     /// request) of the shortest; 0: the shortest wait first, room only among equals
     /// (the ablation). Default [`NEW_PREFIX_SLACK_REQUESTS`].
     pub new_prefix_slack_requests: u32,
+    /// The gateway learns each backend's prefill cost as a fixed delay plus a rate per
+    /// uncached token ([`Candidate::prefill_fixed_ns`]); off, as a rate alone (the
+    /// ablation). The gateway reads this where it learns; the policy adds whatever
+    /// fixed delay the candidates carry.
+    pub learned_fixed_delay: bool,
+    /// Blocks a backend last used this long ago (ms) count as free cache room
+    /// (`cache_free_blocks`): every cache in steady state is full, and what decides
+    /// where a new prefix fits is how much of it is still in use. 0: only truly free
+    /// blocks count. Default [`ROOM_STALE_AFTER_MS`]. The router applies it.
+    pub room_stale_after_ms: u64,
+    /// A new prefix goes to the backend given the fewest new prefixes lately (of
+    /// those within the slack), and only then by cache room; off, by room alone (the
+    /// ablation). See [`RecentPlacements`].
+    pub spread_new_prefixes: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -205,6 +235,9 @@ impl Default for PrefixAwareConfig {
             learned_queue_cost: true,
             eviction_weight: EVICTION_WEIGHT,
             new_prefix_slack_requests: NEW_PREFIX_SLACK_REQUESTS,
+            learned_fixed_delay: true,
+            room_stale_after_ms: ROOM_STALE_AFTER_MS,
+            spread_new_prefixes: true,
         }
     }
 }
@@ -221,6 +254,8 @@ pub struct PrefixAware {
     learned_queue_cost: bool,
     eviction_weight: f64,
     new_prefix_slack: f64,
+    spread_new_prefixes: bool,
+    recent_new_prefixes: RecentPlacements,
 }
 
 // === impl PrefixAware ===
@@ -238,22 +273,31 @@ impl PrefixAware {
             learned_queue_cost: config.learned_queue_cost,
             eviction_weight: non_negative(config.eviction_weight),
             new_prefix_slack: f64::from(config.new_prefix_slack_requests),
+            spread_new_prefixes: config.spread_new_prefixes,
+            recent_new_prefixes: RecentPlacements::default(),
         }
+    }
+
+    /// [`Self::new`] with room reserved for `backends` backends' placement counts, so
+    /// that picks do not allocate.
+    pub fn for_backends(config: &PrefixAwareConfig, backends: usize) -> Self {
+        let mut policy = Self::new(config);
+        policy.recent_new_prefixes.placed.reserve(backends);
+        policy
     }
 
     /// The candidate's estimated time to first token for a prompt of `prompt_blocks`
     /// complete blocks, in ns (see the module docs for the formula).
     pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
-        let queue = self.queue_ns(candidate);
+        let wait = self.wait_ns(candidate);
         let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
         if missing == 0 && candidate.uncached_media_tokens == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
-            return queue;
+            return wait;
         }
-        queue
-            + self.prefill_ns_per_token(candidate)
-                * (self.tokens_per_block * f64::from(missing)
-                    + f64::from(candidate.uncached_media_tokens))
+        wait + self.prefill_ns_per_token(candidate)
+            * (self.tokens_per_block * f64::from(missing)
+                + f64::from(candidate.uncached_media_tokens))
     }
 
     /// What placing the prompt on this backend costs later, in ns: its missing blocks
@@ -283,10 +327,17 @@ impl PrefixAware {
         self.est_ttft_ns(candidate, prompt_blocks) + self.eviction_ns(candidate, prompt_blocks)
     }
 
-    /// The wait before this backend could start on a new request, in ns: the first two
-    /// terms of the estimate, or, when the backend is late, how long it has been
-    /// working on its pending prefill. This is what "least loaded" compares when the
-    /// prompt's match is too short to matter.
+    /// How long a new request would wait on this backend before its own prefill, in
+    /// ns: its queue ([`Self::queue_ns`]) and the backend's learned fixed delay
+    /// (`prefill_fixed_ns`). This is what "least loaded" compares when the prompt's
+    /// match is too short to matter.
+    pub fn wait_ns(&self, candidate: &Candidate) -> f64 {
+        self.queue_ns(candidate) + f64::from(candidate.prefill_fixed_ns)
+    }
+
+    /// The queue ahead of a new request on this backend, in ns: the first two terms of
+    /// the estimate, or, when the backend is late, how long it has been working on its
+    /// pending prefill.
     ///
     /// A backend is *late* when the time it has spent on its pending prefill
     /// (`prefill_progress_ns`) exceeds all the wait the estimate expected (the requests
@@ -304,7 +355,9 @@ impl PrefixAware {
         match candidate.pending_prefill_tokens {
             0 => ahead,
             tokens => {
-                let expected = ahead + self.prefill_ns_per_token(candidate) * f64::from(tokens);
+                let expected = ahead
+                    + f64::from(candidate.prefill_fixed_ns)
+                    + self.prefill_ns_per_token(candidate) * f64::from(tokens);
                 if progress > expected {
                     progress
                 } else {
@@ -414,18 +467,27 @@ impl RoutingPolicy for PrefixAware {
             } else {
                 Reason::FallbackLeastLoaded
             };
-            // A new prefix goes where the cache has the most room, among the backends
-            // that could start it within `new_prefix_slack_requests` of the soonest.
+            // A new prefix goes, among the backends that could start it within
+            // `new_prefix_slack_requests` of the soonest, to the one given the fewest
+            // new prefixes lately, then the most cache room.
             let soonest = candidates
                 .iter()
-                .map(|c| self.queue_ns(c))
+                .map(|c| self.wait_ns(c))
                 .fold(f64::INFINITY, f64::min);
-            return choose(candidates, rng, |c| {
-                let wait = self.queue_ns(c);
-                (wait <= soonest + self.new_prefix_slack * self.per_request_ns(c))
-                    .then(|| (Reverse(free_room(c)), wait as u64))
-            })
-            .and_then(|c| pick(c, reason));
+            let chosen = choose(candidates, rng, |c| {
+                let wait = self.wait_ns(c);
+                (wait <= soonest + self.new_prefix_slack * self.per_request_ns(c)).then(|| {
+                    (
+                        self.recent_new_prefixes.placed(c.backend),
+                        Reverse(free_room(c)),
+                        wait as u64,
+                    )
+                })
+            })?;
+            if self.spread_new_prefixes {
+                self.recent_new_prefixes.record(chosen.backend);
+            }
+            return pick(chosen, reason);
         }
 
         // 3. The tie band: longest match first, then least loaded, then the RNG.
@@ -444,6 +506,47 @@ impl RoutingPolicy for PrefixAware {
             Reason::FallbackLeastLoaded
         };
         pick(chosen, reason)
+    }
+}
+
+/// How many new prefixes each backend was given lately: a count per backend that
+/// decays by [`NEW_PREFIX_MEMORY`] at every new prefix placed anywhere, so it counts
+/// roughly the last that many placements. Step 2 compares it rounded to whole
+/// prefixes, so backends within half a prefix of each other are equal and their
+/// cache room decides.
+///
+/// A new conversation is a few blocks at its first turn and grows at every turn
+/// where it is placed. By room alone, the backend with the most room took every new
+/// conversation until its room was down to the others', sized at their first turns:
+/// eight of eight, which then evicted each other as they grew (`radixgate-bench
+/// real`, multiturn after docs, concurrency 1: engine hit rate 0.2–0.5 of the
+/// ceiling). Counted, eight spread 3/3/2 and room settles the rest.
+#[derive(Clone, Debug, Default)]
+pub struct RecentPlacements {
+    /// Indexed by backend; grows when a backend first gets one (without allocating
+    /// within the room [`PrefixAware::for_backends`] reserved).
+    placed: Vec<f32>,
+}
+
+/// The decay of [`RecentPlacements`] per new prefix placed: `1 - 1/16`, a memory of
+/// about sixteen placements (twice the conversations the benchmark opens at once).
+pub const NEW_PREFIX_MEMORY: f32 = 15.0 / 16.0;
+
+impl RecentPlacements {
+    /// The backend's recent new prefixes, rounded to a whole count.
+    pub fn placed(&self, backend: BackendIdx) -> u32 {
+        self.placed.get(backend).map_or(0, |p| p.round() as u32)
+    }
+
+    /// One more new prefix on `backend`.
+    pub fn record(&mut self, backend: BackendIdx) {
+        if self.placed.len() <= backend {
+            self.placed.resize(backend + 1, 0.0);
+        }
+        for p in &mut self.placed {
+            *p *= NEW_PREFIX_MEMORY;
+        }
+        self.placed[backend] += 1.0;
     }
 }
 

@@ -100,6 +100,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             matched_blocks: 0,
             engine_waiting: 0,
             prefill_ns_per_token: 0,
+            prefill_fixed_ns: 0,
             queue_ns_per_request: 0,
             pending_prefill_tokens: 0,
             prefill_progress_ns: 0,

@@ -546,3 +546,29 @@ fn a_split_adapter_request_pairs_only_backends_serving_it() {
         PairOutcome::Local(why) => panic!("served whole: {why:?}"),
     }
 }
+
+#[test]
+fn blocks_unused_for_a_minute_count_as_room_for_a_new_prefix() {
+    // Backend 0's cache is full of a document last used at t = 0; backend 1 holds a
+    // conversation used two seconds ago and has 40 blocks free. A minute later a new
+    // prompt goes where the cache is full of what nobody uses: 100 blocks of room
+    // against 40.
+    let mut r = router();
+    let mut rep = replica(2, 100);
+    let fleet = TestFleet::healthy(2);
+    rep.index.insert(0, &prompt(1_000, 100), 0);
+    rep.index.insert(1, &prompt(2_000, 60), 59_000);
+    let new = prompt(3_000, 10);
+    let d = r
+        .decide(&rep, &fleet, &facts(PolicyName::PrefixAware, &new), 61_000)
+        .unwrap();
+    assert_eq!((d.pick.backend, d.pick.reason), (0, Reason::NoMatch));
+    // Counting only truly free blocks (0 against 40), the other way round.
+    let mut config = r.config().clone();
+    config.policy.prefix.room_stale_after_ms = 0;
+    r.reconfigure(config);
+    let d = r
+        .decide(&rep, &fleet, &facts(PolicyName::PrefixAware, &new), 61_000)
+        .unwrap();
+    assert_eq!((d.pick.backend, d.pick.reason), (1, Reason::NoMatch));
+}

@@ -19,6 +19,15 @@ fn defaults() -> PrefixAware {
     PrefixAware::new(&base())
 }
 
+/// [`defaults`] placing new prefixes by room alone, so that one policy can be asked
+/// many times about the same fleet (spreading remembers its placements).
+fn by_room() -> PrefixAware {
+    PrefixAware::new(&PrefixAwareConfig {
+        spread_new_prefixes: false,
+        ..base()
+    })
+}
+
 /// The configuration these tests were written against (5 ms per queued request,
 /// full at 32), pinned so that tuning the defaults does not move them.
 fn base() -> PrefixAwareConfig {
@@ -69,6 +78,9 @@ fn default_config() {
             learned_queue_cost: true,
             eviction_weight: 0.25,
             new_prefix_slack_requests: 1,
+            learned_fixed_delay: true,
+            room_stale_after_ms: 60_000,
+            spread_new_prefixes: true,
         }
     );
 }
@@ -590,7 +602,7 @@ fn ties_go_to_the_least_loaded_then_the_rng() {
 
 #[test]
 fn equal_loads_go_to_the_most_free_cache_room() {
-    let mut p = defaults();
+    let mut p = by_room();
     let room = |backend, in_flight, matched, free| Candidate {
         cache_free_blocks: free,
         ..c(backend, in_flight, matched)
@@ -619,7 +631,7 @@ fn equal_loads_go_to_the_most_free_cache_room() {
 
 #[test]
 fn a_new_prefix_goes_to_the_most_room_within_one_request_of_the_soonest() {
-    let mut p = defaults();
+    let mut p = by_room();
     let room = |backend, in_flight, free| Candidate {
         cache_free_blocks: Some(free),
         ..c(backend, in_flight, 0)
@@ -846,7 +858,7 @@ fn bounded_queue_costs_spread_new_conversations_over_equal_engines() {
     // new ~300-token conversations arrive at once.
     let learned = [966_000_000, 1, 1_707_000_000];
     let place = |bound: bool| {
-        let mut p = defaults();
+        let mut p = by_room();
         let mut in_flight = [0u32; 3];
         let mut pending = [0u32; 3];
         for seed in 0..8 {
@@ -872,4 +884,94 @@ fn bounded_queue_costs_spread_new_conversations_over_equal_engines() {
     // Bounded, none takes more than three.
     let spread = place(true);
     assert!(spread.iter().all(|&n| n <= 3), "{spread:?}");
+}
+
+#[test]
+fn new_prefixes_spread_by_count_before_room() {
+    // Three idle engines; engine 2's cache has far more room. By room alone, all
+    // eight new conversations go there (they are 7 blocks each now and grow at every
+    // turn); counted, they spread 3/3/2 and the room decides only among equals.
+    let place = |mut p: PrefixAware| {
+        let mut free = [100u32, 100, 400];
+        let mut placed = [0u32; 3];
+        for seed in 0..8 {
+            let cands: Vec<Candidate> = (0..3)
+                .map(|b| Candidate {
+                    cache_free_blocks: Some(free[b]),
+                    ..c(b, 0, 0)
+                })
+                .collect();
+            let chosen = pick_seeded(&mut p, &cands, 7, seed).backend;
+            free[chosen] -= 7;
+            placed[chosen] += 1;
+        }
+        placed
+    };
+    assert_eq!(place(by_room()), [0, 0, 8]);
+    let mut spread = place(defaults());
+    assert_eq!(
+        spread[2], 3,
+        "the roomiest engine takes the third of each round"
+    );
+    spread.sort_unstable();
+    assert_eq!(spread, [2, 3, 3]);
+}
+
+#[test]
+fn recent_placements_fade() {
+    let mut r = RecentPlacements::default();
+    assert_eq!(r.placed(5), 0);
+    r.record(1);
+    assert_eq!((r.placed(0), r.placed(1)), (0, 1));
+    // Sixteen placements elsewhere later, the one on backend 1 counts as 0.36:
+    // rounded, none.
+    for _ in 0..16 {
+        r.record(0);
+    }
+    assert_eq!(r.placed(1), 0);
+    assert!(r.placed(0) >= 9);
+}
+
+#[test]
+fn a_fixed_delay_counts_once_so_a_cached_follow_up_stays_with_its_holder() {
+    // The trace: engine 0 waits a second before every first token (its core
+    // neighbour's busy loop) and holds 180 of a 200-block conversation; engine 2 is
+    // idle and cold. Both prefill at 0.45 ms a token. Cached on 0: 1 s + 20 blocks,
+    // 1.14 s; cold on 2: 200 blocks, 1.44 s. Read as a rate alone (the same second
+    // over a 320-token follow-up: 3.6 ms a token), engine 0 would have cost 11.5 s
+    // for this conversation cold, and its own first turns looked as slow.
+    let mut p = defaults();
+    let engine = |b, fixed_ns, matched| Candidate {
+        prefill_ns_per_token: 450_000,
+        prefill_fixed_ns: fixed_ns,
+        ..c(b, 0, matched)
+    };
+    let cands = [engine(0, 1_000_000_000, 180), engine(2, 0, 0)];
+    let cached = p.est_ttft_ns(&cands[0], 200);
+    let cold = p.est_ttft_ns(&cands[1], 200);
+    assert_eq!(cached, 1_000.0 * MS + 20.0 * 16.0 * 0.45 * MS);
+    assert_eq!(cold, 200.0 * 16.0 * 0.45 * MS);
+    assert!(cached < cold);
+    assert_eq!(pick(&mut p, &cands, 200), picked(0, Reason::LongestPrefix));
+    // A fully cached prompt still waits the fixed delay.
+    assert_eq!(p.est_ttft_ns(&cands[0], 180), 1_000.0 * MS);
+}
+
+#[test]
+fn a_new_prefix_counts_the_fixed_delay_as_wait() {
+    // Equal queues; engine 0 has the most room but waits a second before every first
+    // token, more than one request's cost (5 ms here) behind the others: the new
+    // conversation goes to the most room among the others.
+    let mut p = defaults();
+    let engine = |b, fixed_ns, free| Candidate {
+        prefill_fixed_ns: fixed_ns,
+        cache_free_blocks: Some(free),
+        ..c(b, 0, 0)
+    };
+    let cands = [
+        engine(0, 1_000_000_000, 900),
+        engine(1, 0, 300),
+        engine(2, 2_000_000, 400),
+    ];
+    assert_eq!(pick(&mut p, &cands, 50), picked(2, Reason::NoMatch));
 }
