@@ -975,3 +975,21 @@ fn a_new_prefix_counts_the_fixed_delay_as_wait() {
     ];
     assert_eq!(pick(&mut p, &cands, 50), picked(2, Reason::NoMatch));
 }
+
+#[test]
+fn milliseconds_between_fixed_delays_do_not_decide_a_new_prefix() {
+    // The trace: idle engines with learned fixed delays of 39, 51 and 316 ms, a new
+    // 1,550-token document (97 blocks at 0.45 ms a token, 700 ms cold). Within one
+    // request's wait alone (5 ms here), only the 39-ms engine would do, and it took
+    // every document; the tie band's width of the estimate (70 ms) takes in the 51-ms
+    // engine, whose cache has room, and not the 316-ms one.
+    let mut p = defaults();
+    let engine = |b, fixed_ms: u32, free| Candidate {
+        prefill_ns_per_token: 450_000,
+        prefill_fixed_ns: fixed_ms * 1_000_000,
+        cache_free_blocks: Some(free),
+        ..c(b, 0, 0)
+    };
+    let cands = [engine(0, 39, 10), engine(1, 51, 500), engine(2, 316, 900)];
+    assert_eq!(pick(&mut p, &cands, 97), picked(1, Reason::NoMatch));
+}
