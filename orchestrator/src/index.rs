@@ -411,7 +411,11 @@ impl PrefixIndex {
         let slot = self.backends.get(backend).filter(|s| s.declared)?;
         let mut room = slot.capacity.saturating_sub(slot.held);
         // The common case on the request path: even the oldest block is in use.
-        if slot.lru.first().is_none_or(|oldest| oldest.last_used >= stale_before) {
+        if slot
+            .lru
+            .first()
+            .is_none_or(|oldest| oldest.last_used >= stale_before)
+        {
             return Some(room);
         }
         for key in slot.lru.iter().take(STALE_WALK_NODES) {
