@@ -63,9 +63,10 @@
 //! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
 //! 2. when the longest match is shorter than `min_match_blocks`, among those whose
 //!    wait (the first three terms above) is within `new_prefix_slack_requests`
-//!    (default [`NEW_PREFIX_SLACK_REQUESTS`]) requests' cost of the shortest (plus
-//!    the tie band's width of the best estimate, so that milliseconds of difference
-//!    between learned fixed delays do not decide), to the one given the fewest new
+//!    (default [`NEW_PREFIX_SLACK_REQUESTS`]) requests' cost of the shortest (each
+//!    candidate's learned fixed delay forgiven up to the tie band's width of the best
+//!    estimate, so that milliseconds between fixed delays do not decide), to the one
+//!    given the fewest new
 //!    prefixes lately ([`RecentPlacements`]; off with `spread_new_prefixes = false`),
 //!    then the most free cache room, then the shortest wait
 //!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
@@ -471,10 +472,11 @@ impl RoutingPolicy for PrefixAware {
                 Reason::FallbackLeastLoaded
             };
             // A new prefix goes, among the backends that could start it within
-            // `new_prefix_slack_requests` requests' wait of the soonest (and the tie
-            // band's width of the request's best cost, so that a few milliseconds of
-            // difference in learned fixed delays do not decide), to the one given the
-            // fewest new prefixes lately, then the most cache room.
+            // `new_prefix_slack_requests` requests' wait of the soonest (forgiving
+            // each its learned fixed delay up to the tie band's width of the
+            // request's best cost, so that a few milliseconds between fixed delays do
+            // not decide, while a backend without one waits exactly what it did), to
+            // the one given the fewest new prefixes lately, then the most cache room.
             let soonest = candidates
                 .iter()
                 .map(|c| self.wait_ns(c))
@@ -482,8 +484,9 @@ impl RoutingPolicy for PrefixAware {
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;
             let chosen = choose(candidates, rng, |c| {
                 let wait = self.wait_ns(c);
+                let forgiven = tolerance.min(f64::from(c.prefill_fixed_ns));
                 let close =
-                    wait <= soonest + tolerance + self.new_prefix_slack * self.per_request_ns(c);
+                    wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
                 close.then(|| {
                     (
                         self.recent_new_prefixes.placed(c.backend),
