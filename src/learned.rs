@@ -9,8 +9,8 @@
 //! - **Prefill** is learned from requests that found nothing in flight on their
 //!   backend, as `ttft = fixed + ns_per_token * uncached` (the [`PrefillFit`]): the
 //!   rate is the second fastest `ttft / uncached` among the last [`SAMPLES`] prompts
-//!   of at least [`LONG_PROMPT_TOKENS`] uncached, the fixed part the median of what the last
-//!   [`FIT_SAMPLES`] requests of any size took beyond that rate. Until two long
+//!   of at least [`LONG_PROMPT_TOKENS`] uncached, the fixed part the interquartile
+//!   mean of what the last [`FIT_SAMPLES`] requests of any size took beyond that rate. Until two long
 //!   prompts were seen, and with `routing.prefix_aware.learn_fixed_delay = false` (the
 //!   ablation), the cost is the median of `ttft / uncached` over the last [`SAMPLES`]
 //!   requests with at least [`MIN_LEARN_TOKENS`] uncached, with no fixed part.
@@ -185,10 +185,9 @@ impl Alone {
     fn fit(&self) -> Option<PrefillFit> {
         let mut long = self.long_ns_per_token;
         long.sort_unstable();
-        let seen = long.iter().skip_while(|&&r| r == 0);
+        let mut seen = long.iter().skip_while(|&&r| r == 0);
         // The second fastest: one reading faster than the engine can be sets nothing.
-        let ns_per_token = *seen.clone().nth(1)?;
-        debug_assert!(seen.count() >= MIN_LONG_PROMPTS);
+        let ns_per_token = *seen.nth(MIN_LONG_PROMPTS - 1)?;
         let n = usize::from(self.held);
         let mut left = [0.0; FIT_SAMPLES];
         for (i, l) in left.iter_mut().enumerate().take(n) {
