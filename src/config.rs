@@ -396,6 +396,10 @@ struct PrefixAwareWire {
     /// A new prefix goes to the backend given the fewest new prefixes lately, then
     /// by cache room (false: by room alone, the ablation).
     spread_new_prefixes: bool,
+    /// Price a new prefix at the size the large prompts lately reached, against each
+    /// backend's cache capacity and its recent new prefixes (false: at its size now,
+    /// the ablation).
+    price_footprint: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -413,6 +417,7 @@ impl Default for PrefixAwareWire {
             learn_fixed_delay: d.learned_fixed_delay,
             room_stale_after_ms: d.room_stale_after_ms,
             spread_new_prefixes: d.spread_new_prefixes,
+            price_footprint: d.price_footprint,
         }
     }
 }
@@ -1365,6 +1370,7 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         learned_fixed_delay: p.learn_fixed_delay,
         room_stale_after_ms: p.room_stale_after_ms,
         spread_new_prefixes: p.spread_new_prefixes,
+        price_footprint: p.price_footprint,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1841,6 +1847,13 @@ mod tests {
         );
         let off = routing("[routing.prefix_aware]\nspread_new_prefixes = false").unwrap();
         assert!(!off.routing.prefix_aware.spread_new_prefixes);
+    }
+
+    #[test]
+    fn price_footprint_is_read() {
+        assert!(routing("").unwrap().routing.prefix_aware.price_footprint);
+        let off = routing("[routing.prefix_aware]\nprice_footprint = false").unwrap();
+        assert!(!off.routing.prefix_aware.price_footprint);
     }
 
     #[test]

@@ -213,7 +213,8 @@ struct RealArgs {
     /// `prefix_aware_no_fixed_delay` one that learns the prefill cost as a rate per
     /// token alone, `prefix_aware_free_room_only` one that counts only truly free
     /// blocks as cache room, `prefix_aware_room_first` one that places a new prefix
-    /// by cache room alone (the ablations).
+    /// by cache room alone, `prefix_aware_no_footprint` one that prices a new prefix
+    /// at its size now, not at what prompts lately grew to (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -104,6 +104,10 @@ pub const FREE_ROOM_ONLY: &str = "prefix_aware_free_room_only";
 /// cache room alone, not first on the backend given the fewest new prefixes lately
 /// (`routing.prefix_aware.spread_new_prefixes = false`): an ablation.
 pub const ROOM_FIRST: &str = "prefix_aware_room_first";
+/// The policy name that selects prefix_aware on a gateway that prices a new prefix
+/// at its size now, not at the size the large prompts lately reached
+/// (`routing.prefix_aware.price_footprint = false`): an ablation.
+pub const NO_FOOTPRINT: &str = "prefix_aware_no_footprint";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -124,6 +128,8 @@ enum Variant {
     FreeRoomOnly,
     /// Bytes mode with new prefixes placed by room alone.
     RoomFirst,
+    /// Bytes mode with a new prefix priced at its size now.
+    NoFootprint,
 }
 
 impl Variant {
@@ -137,6 +143,7 @@ impl Variant {
             NO_FIXED_DELAY => (Variant::NoFixedDelay, "prefix_aware"),
             FREE_ROOM_ONLY => (Variant::FreeRoomOnly, "prefix_aware"),
             ROOM_FIRST => (Variant::RoomFirst, "prefix_aware"),
+            NO_FOOTPRINT => (Variant::NoFootprint, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -151,6 +158,7 @@ impl Variant {
             Variant::NoFixedDelay => "no-fixed-delay",
             Variant::FreeRoomOnly => "free-room-only",
             Variant::RoomFirst => "room-first",
+            Variant::NoFootprint => "no-footprint",
         }
     }
 }
@@ -575,6 +583,9 @@ impl Gateway {
             }
             Variant::RoomFirst => {
                 toml.push_str("\n[routing.prefix_aware]\nspread_new_prefixes = false\n")
+            }
+            Variant::NoFootprint => {
+                toml.push_str("\n[routing.prefix_aware]\nprice_footprint = false\n")
             }
             Variant::Bytes | Variant::Precise => {}
         }

@@ -297,6 +297,7 @@ mod tests {
             prefill_progress_ns: 0,
             uncached_media_tokens: 0,
             cache_free_blocks: None,
+            cache_blocks: 0,
         }];
         // 15 blocks = 240 tokens < 256: local.
         assert_eq!(
@@ -321,6 +322,7 @@ mod tests {
             prefill_progress_ns: 0,
             uncached_media_tokens: 0,
             cache_free_blocks: None,
+            cache_blocks: 0,
         }];
         assert_eq!(
             decide(&policy, &cost, &input(&WARM, 100)),
@@ -340,6 +342,7 @@ mod tests {
                 prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
+                cache_blocks: 0,
             },
             Candidate {
                 backend: 1,
@@ -354,6 +357,7 @@ mod tests {
                 prefill_progress_ns: 0,
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
+                cache_blocks: 0,
             },
         ];
         assert_eq!(

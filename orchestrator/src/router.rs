@@ -738,6 +738,7 @@ impl Filter<'_> {
                     session_home: self.session_home == Some(b),
                     uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
                     cache_free_blocks: free_blocks(&replica.index, b, self.stale_before),
+                    cache_blocks: u32::try_from(replica.index.capacity(b)).unwrap_or(u32::MAX),
                 });
             }
         }

@@ -121,6 +121,7 @@ pub const KEYS: &[Key] = &[
     live("routing.prefix_aware.learn_fixed_delay"),
     live("routing.prefix_aware.room_stale_after_ms"),
     live("routing.prefix_aware.spread_new_prefixes"),
+    live("routing.prefix_aware.price_footprint"),
     live("routing.rag_field"),
     live("routing.rag_chunk_weight"),
     restart("routing.rag_max_chunks"),

@@ -230,6 +230,10 @@ pub struct SimArgs {
     /// prefix_aware: PrefixAwareConfig::tokens_per_block.
     #[arg(long)]
     pub tokens_per_block: Option<f64>,
+    /// prefix_aware: price a new prefix at its size now, not at the size prompts
+    /// lately reached (PrefixAwareConfig::price_footprint = false, the ablation).
+    #[arg(long)]
+    pub no_price_footprint: bool,
     /// consistent_hash: bounded-load factor (a huge value: plain consistent hashing).
     #[arg(long)]
     pub hash_load_factor: Option<f64>,
@@ -259,6 +263,7 @@ impl SimArgs {
         if let Some(x) = self.tokens_per_block {
             prefix.tokens_per_block = x;
         }
+        prefix.price_footprint = !self.no_price_footprint;
         prefix.default_prefill_ns_per_token = (self.prefill_us_per_token * 1e3).round() as u32;
         let mut policy = PolicyConfig {
             backend_ids: backend_ids(backends),

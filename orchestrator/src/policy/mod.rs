@@ -66,6 +66,10 @@ pub struct Candidate {
     /// index (`capacity - held`); `None` when unknown. A prompt's missing blocks beyond
     /// this evict what the backend holds now.
     pub cache_free_blocks: Option<u32>,
+    /// This backend's cache capacity in blocks, per the prefix index (0: unknown).
+    /// What a new prefix's growth is measured against
+    /// ([`prefix_aware::PrefixAware::crowding_ns`]).
+    pub cache_blocks: u32,
 }
 
 // === impl Candidate ===

@@ -225,6 +225,11 @@ pub struct PrefixAwareConfig {
     /// those within the slack), and only then by cache room; off, by room alone (the
     /// ablation). See [`RecentPlacements`].
     pub spread_new_prefixes: bool,
+    /// A new prefix is expected to grow to the size of the large prompts seen lately
+    /// ([`PromptSizes`]); a backend whose recent new prefixes, at that size, would
+    /// overflow its cache is charged for the overflow ([`PrefixAware::crowding_ns`]);
+    /// off, a new prefix is priced at its size now (the ablation).
+    pub price_footprint: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -242,6 +247,7 @@ impl Default for PrefixAwareConfig {
             learned_fixed_delay: true,
             room_stale_after_ms: ROOM_STALE_AFTER_MS,
             spread_new_prefixes: true,
+            price_footprint: true,
         }
     }
 }
@@ -259,7 +265,9 @@ pub struct PrefixAware {
     eviction_weight: f64,
     new_prefix_slack: f64,
     spread_new_prefixes: bool,
+    price_footprint: bool,
     recent_new_prefixes: RecentPlacements,
+    prompt_sizes: PromptSizes,
 }
 
 // === impl PrefixAware ===
@@ -278,7 +286,9 @@ impl PrefixAware {
             eviction_weight: non_negative(config.eviction_weight),
             new_prefix_slack: f64::from(config.new_prefix_slack_requests),
             spread_new_prefixes: config.spread_new_prefixes,
+            price_footprint: config.price_footprint,
             recent_new_prefixes: RecentPlacements::default(),
+            prompt_sizes: PromptSizes::default(),
         }
     }
 
@@ -324,6 +334,27 @@ impl PrefixAware {
             * self.prefill_ns_per_token(candidate)
             * self.tokens_per_block
             * f64::from(evicted)
+    }
+
+    /// What a new prefix placed on this backend is expected to cost its cache later,
+    /// in ns: the backend's recent new prefixes ([`RecentPlacements`]) and this one,
+    /// each grown to `footprint_blocks` (the size of the large prompts seen lately,
+    /// [`PromptSizes`]), beyond the backend's cache capacity (`cache_blocks`), at a
+    /// cold prefill per block. A conversation is a few blocks at its first turn and
+    /// grows at every turn where it was placed; blocks its growth pushes out are
+    /// ones a live conversation asks for at its next turn, so each is charged a whole
+    /// prefill, not the `eviction_weight` share of a least-recently-used block. 0
+    /// when the capacity is unknown or the footprint is not priced.
+    pub fn crowding_ns(&self, candidate: &Candidate, footprint_blocks: u32) -> f64 {
+        if !self.price_footprint || candidate.cache_blocks == 0 {
+            return 0.0;
+        }
+        let live = f64::from(self.recent_new_prefixes.recent(candidate.backend)) + 1.0;
+        let overflow = live * f64::from(footprint_blocks) - f64::from(candidate.cache_blocks);
+        if overflow <= 0.0 {
+            return 0.0;
+        }
+        self.prefill_ns_per_token(candidate) * self.tokens_per_block * overflow
     }
 
     /// The ranking cost: [`Self::est_ttft_ns`] plus [`Self::eviction_ns`].
@@ -423,6 +454,7 @@ impl RoutingPolicy for PrefixAware {
     fn pick(&mut self, input: &RouteInput<'_>, rng: &mut fastrand::Rng) -> Option<Pick> {
         let candidates = input.candidates;
         let prompt_blocks = input.prompt_blocks;
+        self.prompt_sizes.record(prompt_blocks);
         let pick = |c: Candidate, reason| {
             Some(Pick {
                 backend: c.backend,
@@ -477,25 +509,22 @@ impl RoutingPolicy for PrefixAware {
             // request's best cost, so that a few milliseconds between fixed delays do
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately, then the most cache room.
-            let soonest = candidates
-                .iter()
-                .map(|c| self.wait_ns(c))
-                .fold(f64::INFINITY, f64::min);
+            let footprint = self.prompt_sizes.large();
+            let later = |c: &Candidate| self.wait_ns(c) + self.crowding_ns(c, footprint);
+            let soonest = candidates.iter().map(later).fold(f64::INFINITY, f64::min);
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;
             let chosen = choose(candidates, rng, |c| {
-                let wait = self.wait_ns(c);
+                let wait = later(c);
                 let forgiven = tolerance.min(f64::from(c.prefill_fixed_ns));
                 let close =
                     wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
-                close.then(|| {
-                    (
-                        self.recent_new_prefixes.placed(c.backend),
-                        Reverse(free_room(c)),
-                        wait as u64,
-                    )
-                })
+                let placed = match self.spread_new_prefixes {
+                    true => self.recent_new_prefixes.placed(c.backend),
+                    false => 0,
+                };
+                close.then(|| (placed, Reverse(free_room(c)), wait as u64))
             })?;
-            if self.spread_new_prefixes {
+            if self.spread_new_prefixes || self.price_footprint {
                 self.recent_new_prefixes.record(chosen.backend);
             }
             return pick(chosen, reason);
@@ -549,6 +578,11 @@ impl RecentPlacements {
         self.placed.get(backend).map_or(0, |p| p.round() as u32)
     }
 
+    /// The backend's recent new prefixes, unrounded.
+    pub fn recent(&self, backend: BackendIdx) -> f32 {
+        self.placed.get(backend).copied().unwrap_or(0.0)
+    }
+
     /// One more new prefix on `backend`.
     pub fn record(&mut self, backend: BackendIdx) {
         if self.placed.len() <= backend {
@@ -558,6 +592,46 @@ impl RecentPlacements {
             *p *= NEW_PREFIX_MEMORY;
         }
         self.placed[backend] += 1.0;
+    }
+}
+
+/// The sizes of the last [`PROMPT_SIZES_KEPT`] prompts routed, in blocks: what a
+/// new prefix is expected to grow to ([`PrefixAware::crowding_ns`]).
+///
+/// A new conversation's first turn says nothing of its size at its last; the prompts
+/// the gateway sees say what conversations here grow to. The estimate is a large one
+/// of those ([`Self::large`]), not the mean: conversations placed together grow
+/// together, and what must fit is their size at its largest.
+#[derive(Clone, Debug, Default)]
+pub struct PromptSizes {
+    sizes: [u32; PROMPT_SIZES_KEPT],
+    /// Where the next size goes.
+    next: usize,
+    /// How many of `sizes` are recorded ones.
+    kept: usize,
+}
+
+/// How many recent prompt sizes [`PromptSizes`] keeps.
+pub const PROMPT_SIZES_KEPT: usize = 32;
+
+impl PromptSizes {
+    pub fn record(&mut self, blocks: u32) {
+        self.sizes[self.next] = blocks;
+        self.next = (self.next + 1) % PROMPT_SIZES_KEPT;
+        self.kept = (self.kept + 1).min(PROMPT_SIZES_KEPT);
+    }
+
+    /// The 90th percentile of the sizes kept (the fourth largest of 32), in blocks; 0
+    /// before any prompt. A few outsized prompts do not set it.
+    pub fn large(&self) -> u32 {
+        let kept = self.kept;
+        if kept == 0 {
+            return 0;
+        }
+        let mut sizes = self.sizes;
+        let sizes = &mut sizes[..kept];
+        let rank = (kept * 9 / 10).min(kept - 1);
+        *sizes.select_nth_unstable(rank).1
     }
 }
 

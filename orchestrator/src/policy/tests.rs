@@ -107,6 +107,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             session_home: false,
             uncached_media_tokens: 0,
             cache_free_blocks: None,
+            cache_blocks: 0,
         }
     );
 }

@@ -81,6 +81,7 @@ fn default_config() {
             learned_fixed_delay: true,
             room_stale_after_ms: 60_000,
             spread_new_prefixes: true,
+            price_footprint: true,
         }
     );
 }
@@ -992,4 +993,95 @@ fn milliseconds_between_fixed_delays_do_not_decide_a_new_prefix() {
     };
     let cands = [engine(0, 39, 10), engine(1, 51, 500), engine(2, 316, 900)];
     assert_eq!(pick(&mut p, &cands, 97), picked(1, Reason::NoMatch));
+}
+
+/// Places eight new conversations of 7 blocks (the trace's first turns, in a test
+/// configuration of 46 tokens a block) on three idle engines whose caches hold 179
+/// blocks, after prompts lately grew to 46 blocks; engine 1 answers soonest (fixed
+/// delays 96, 2 and 246 ms). Returns how many each engine took.
+fn place_growing_conversations(config: PrefixAwareConfig) -> [u32; 3] {
+    let mut p = PrefixAware::new(&PrefixAwareConfig {
+        tokens_per_block: 46.0,
+        ..config
+    });
+    for _ in 0..PROMPT_SIZES_KEPT {
+        p.prompt_sizes.record(46);
+    }
+    let mut placed = [0u32; 3];
+    for seed in 0..8 {
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| Candidate {
+                prefill_ns_per_token: 400_000,
+                prefill_fixed_ns: [96, 2, 246][b] * 1_000_000,
+                cache_blocks: 179,
+                cache_free_blocks: Some(179 - 7 * placed[b]),
+                ..c(b, 0, 0)
+            })
+            .collect();
+        let chosen = pick_seeded(&mut p, &cands, 7, seed).backend;
+        placed[chosen] += 1;
+    }
+    placed
+}
+
+#[test]
+fn a_new_conversation_goes_past_a_cache_its_growth_would_overflow() {
+    // The trace: engine 1 took seven of eight new conversations, which at their sixth
+    // turn were 46 blocks each in a 179-block cache and evicted each other at every
+    // turn. Priced at what prompts lately grew to, engine 1 takes no more than its
+    // cache holds grown (three, and a fourth while the others are as crowded).
+    let unpriced = place_growing_conversations(PrefixAwareConfig {
+        price_footprint: false,
+        ..base()
+    });
+    assert_eq!(unpriced[1], 8, "{unpriced:?}");
+    let priced = place_growing_conversations(base());
+    assert!(priced[1] <= 4, "{priced:?}");
+    assert!(priced.iter().all(|&n| n <= 4), "{priced:?}");
+}
+
+#[test]
+fn crowding_needs_a_known_capacity_and_counts_the_overflow_at_a_prefill_a_block() {
+    let mut p = PrefixAware::new(&PrefixAwareConfig {
+        tokens_per_block: 10.0,
+        ..base()
+    });
+    let engine = |cache_blocks| Candidate {
+        prefill_ns_per_token: 1_000_000,
+        cache_blocks,
+        ..c(0, 0, 0)
+    };
+    // Capacity unknown: nothing to overflow.
+    assert_eq!(p.crowding_ns(&engine(0), 1_000), 0.0);
+    // One new prefix of 60 blocks fits 100; the second overflows by 20 blocks.
+    assert_eq!(p.crowding_ns(&engine(100), 60), 0.0);
+    p.recent_new_prefixes.record(0);
+    assert_eq!(p.crowding_ns(&engine(100), 60), 20.0 * 10.0 * MS);
+    // Off: never.
+    let off = PrefixAware::new(&PrefixAwareConfig {
+        price_footprint: false,
+        ..base()
+    });
+    assert_eq!(off.crowding_ns(&engine(1), 1_000), 0.0);
+}
+
+#[test]
+fn prompt_sizes_are_a_large_recent_one_not_the_largest() {
+    let mut sizes = PromptSizes::default();
+    assert_eq!(sizes.large(), 0);
+    sizes.record(7);
+    assert_eq!(sizes.large(), 7);
+    // 28 prompts of 40 blocks and a few outsized ones: the 90th percentile is 40.
+    for _ in 0..28 {
+        sizes.record(40);
+    }
+    for _ in 0..3 {
+        sizes.record(5_000);
+    }
+    assert_eq!(sizes.large(), 40);
+    // The ring keeps the last 32: after 32 small prompts, the large ones are gone.
+    for _ in 0..PROMPT_SIZES_KEPT {
+        sizes.record(3);
+    }
+    assert_eq!(sizes.large(), 3);
 }
