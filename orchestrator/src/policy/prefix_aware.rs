@@ -61,15 +61,21 @@
 //! order:
 //!
 //! 1. to the session's home backend if it is not saturated ([`Reason::SessionAffinity`]);
-//! 2. when the longest match is shorter than `min_match_blocks`, among those whose
-//!    wait (the first three terms above) is within `new_prefix_slack_requests`
-//!    (default [`NEW_PREFIX_SLACK_REQUESTS`]) requests' cost of the shortest (each
-//!    candidate's learned fixed delay forgiven up to the tie band's width of the best
-//!    estimate, so that milliseconds between fixed delays do not decide), to the one
-//!    given the fewest new
-//!    prefixes lately ([`RecentPlacements`]; off with `spread_new_prefixes = false`),
-//!    then the most free cache room, then the shortest wait
-//!    ([`Reason::NoMatch`] when nothing matched, else [`Reason::FallbackLeastLoaded`]);
+//! 2. when the prompt is a new prefix (its longest match is shorter than
+//!    `min_match_blocks`, or every candidate holds that much of it, as with a system
+//!    prompt all engines hold, and the prompt goes on at least `min_match_blocks`
+//!    beyond it): among those whose wait (the first three terms above) is within
+//!    `new_prefix_slack_requests` (default [`NEW_PREFIX_SLACK_REQUESTS`]) requests'
+//!    cost of the shortest (each candidate's learned fixed delay forgiven up to the
+//!    tie band's width of the best estimate, so that milliseconds between fixed delays
+//!    do not decide), to the one given the fewest new prefixes lately
+//!    ([`RecentPlacements`]; off with `spread_new_prefixes = false`), then the most
+//!    free cache room, then the shortest wait. A backend whose recent new prefixes and
+//!    this one, grown to the size prompts lately reached, would overflow its cache has
+//!    the overflow added to its wait first ([`PrefixAware::crowding_ns`]; off with
+//!    `price_footprint = false`). [`Reason::NoMatch`] when nothing matched,
+//!    [`Reason::LongestPrefix`] when every candidate holds a useful match, else
+//!    [`Reason::FallbackLeastLoaded`];
 //! 3. otherwise to the unsaturated candidate with the longest match inside the tie band
 //!    (estimates within `hysteresis` of the best, plus [`TIE_FLOOR_NS`]), then the least
 //!    loaded, then the most free cache room, then a seeded random one:
@@ -482,9 +488,11 @@ impl RoutingPolicy for PrefixAware {
         // estimate among backends with room.
         let mut best = 0;
         let mut best_open = false;
+        let mut shared = u32::MAX;
         let mut min_est = f64::INFINITY;
         for c in candidates {
             let open = has_room(c);
+            shared = shared.min(c.matched_blocks);
             if c.matched_blocks > best {
                 best = c.matched_blocks;
                 best_open = open;
@@ -496,12 +504,16 @@ impl RoutingPolicy for PrefixAware {
             }
         }
 
-        // 2. Too short a match to matter: least loaded.
-        if best < self.min_match_blocks {
-            let reason = if best == 0 {
-                Reason::NoMatch
-            } else {
-                Reason::FallbackLeastLoaded
+        // 2. A new prefix: the match is too short to matter, or every candidate
+        // holds as much of it (a system prompt all engines hold) and the prompt goes
+        // on beyond it.
+        let only_shared = best - shared.min(best) < self.min_match_blocks
+            && prompt_blocks.saturating_sub(best) >= self.min_match_blocks;
+        if best < self.min_match_blocks || only_shared {
+            let reason = match best {
+                0 => Reason::NoMatch,
+                held if held >= self.min_match_blocks => Reason::LongestPrefix,
+                _ => Reason::FallbackLeastLoaded,
             };
             // A new prefix goes, among the backends that could start it within
             // `new_prefix_slack_requests` requests' wait of the soonest (forgiving
@@ -509,7 +521,9 @@ impl RoutingPolicy for PrefixAware {
             // request's best cost, so that a few milliseconds between fixed delays do
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately, then the most cache room.
-            let footprint = self.prompt_sizes.large();
+            // What the prefix adds to a cache grown: the prompts' size less what
+            // every backend holds already.
+            let footprint = self.prompt_sizes.large().saturating_sub(shared.min(best));
             let later = |c: &Candidate| self.wait_ns(c) + self.crowding_ns(c, footprint);
             let soonest = candidates.iter().map(later).fold(f64::INFINITY, f64::min);
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;

@@ -1085,3 +1085,38 @@ fn prompt_sizes_are_a_large_recent_one_not_the_largest() {
     }
     assert_eq!(sizes.large(), 3);
 }
+
+#[test]
+fn a_system_prompt_every_engine_holds_does_not_make_a_conversation_old() {
+    // Every engine holds the 12-block system prompt; eight new conversations of 20
+    // blocks arrive at an idle fleet where engine 2's cache has the most room. The
+    // match says nothing about where a conversation lives: they spread by count as
+    // new prefixes do, instead of all going where the room is.
+    let mut p = defaults();
+    let mut free = [100u32, 100, 400];
+    let mut placed = [0u32; 3];
+    for seed in 0..8 {
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| Candidate {
+                cache_free_blocks: Some(free[b]),
+                ..c(b, 0, 12)
+            })
+            .collect();
+        let pick = pick_seeded(&mut p, &cands, 20, seed);
+        assert_eq!(pick.reason, Reason::LongestPrefix);
+        free[pick.backend] -= 8;
+        placed[pick.backend] += 1;
+    }
+    placed.sort_unstable();
+    assert_eq!(placed, [2, 3, 3]);
+}
+
+#[test]
+fn a_prompt_every_engine_holds_whole_goes_by_load() {
+    // A hot document every engine holds, and a one-block question: nothing new to
+    // place, so the least loaded holder takes it, whatever was placed where lately.
+    let mut p = defaults();
+    p.recent_new_prefixes.record(1);
+    let cands = [c(0, 3, 40), c(1, 1, 40), c(2, 2, 40)];
+    assert_eq!(pick(&mut p, &cands, 41), picked(1, Reason::LongestPrefix));
+}
