@@ -78,10 +78,13 @@
 //!    [`Reason::FallbackLeastLoaded`];
 //! 3. otherwise to the unsaturated candidate with the longest match inside the tie band
 //!    (estimates within `hysteresis` of the best, plus [`TIE_FLOOR_NS`]), then the least
-//!    loaded, then the most free cache room, then a seeded random one:
-//!    [`Reason::LongestPrefix`] when it holds the
-//!    longest match, [`Reason::SpilledFromSaturated`] when every holder of the longest
-//!    match is saturated, [`Reason::FallbackLeastLoaded`] when load beat affinity;
+//!    loaded, then the most free cache room, then a seeded random one. A candidate
+//!    short of the longest match would take the prompt as a new prefix of its own,
+//!    which grows there: its estimate carries the same overflow charge as in 2, and a
+//!    pick of it counts as a new prefix placed there. [`Reason::LongestPrefix`] when
+//!    it holds the longest match, [`Reason::SpilledFromSaturated`] when every holder
+//!    of the longest match is saturated, [`Reason::FallbackLeastLoaded`] when load
+//!    beat affinity;
 //! 4. when every candidate is saturated, as in 3 among all of them: none has room,
 //!    so the estimate alone decides.
 //!
@@ -544,12 +547,38 @@ impl RoutingPolicy for PrefixAware {
             return pick(chosen, reason);
         }
 
-        // 3. The tie band: longest match first, then least loaded, then the RNG.
+        // 3. The tie band: longest match first, then least loaded, then the RNG. A
+        // backend short of the longest match would take the prompt as a new prefix
+        // of its own, which grows there at every later turn: it is charged for the
+        // overflow as a new prefix is (a conversation leaving its holder for an
+        // engine a fixed delay faster had filled that engine's cache).
+        let moves_priced = self.price_footprint
+            && candidates
+                .iter()
+                .any(|c| c.matched_blocks < best && c.cache_blocks > 0);
+        let footprint = match moves_priced {
+            true => self.prompt_sizes.large().saturating_sub(shared.min(best)),
+            false => 0,
+        };
+        let cost = |c: &Candidate| match c.matched_blocks < best {
+            true => self.cost_ns(c, prompt_blocks) + self.crowding_ns(c, footprint),
+            false => self.cost_ns(c, prompt_blocks),
+        };
+        if moves_priced {
+            min_est = candidates
+                .iter()
+                .filter(|c| has_room(c))
+                .map(cost)
+                .fold(f64::INFINITY, f64::min);
+        }
         let threshold = min_est * self.band + TIE_FLOOR_NS;
         let chosen = choose(candidates, rng, |c| {
-            (has_room(c) && self.cost_ns(c, prompt_blocks) <= threshold)
+            (has_room(c) && cost(c) <= threshold)
                 .then(|| (Reverse(c.matched_blocks), load(c), Reverse(free_room(c))))
         })?;
+        if moves_priced && chosen.matched_blocks < best {
+            self.recent_new_prefixes.record(chosen.backend);
+        }
         let reason = if all_saturated && chosen.matched_blocks < best {
             Reason::SpilledFromSaturated
         } else if chosen.matched_blocks == best {

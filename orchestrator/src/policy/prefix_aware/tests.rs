@@ -1120,3 +1120,37 @@ fn a_prompt_every_engine_holds_whole_goes_by_load() {
     let cands = [c(0, 3, 40), c(1, 1, 40), c(2, 2, 40)];
     assert_eq!(pick(&mut p, &cands, 41), picked(1, Reason::LongestPrefix));
 }
+
+#[test]
+fn a_conversation_does_not_move_into_a_cache_its_growth_would_overflow() {
+    // The trace: engine 0 holds 30 of the conversation's 35 blocks but waits 800 ms
+    // before every first token; engine 1 answers at once and was lately given three
+    // new conversations, which at the 50 blocks prompts lately reached fill its
+    // 179-block cache. Unpriced, the conversation moves to engine 1 (a cold prefill
+    // there is sooner than a cached one behind the delay), and seven of eight did in
+    // one run; priced, the move costs engine 1 a fourth conversation's overflow.
+    let place = |price_footprint| {
+        let mut p = PrefixAware::new(&PrefixAwareConfig {
+            tokens_per_block: 46.0,
+            price_footprint,
+            ..base()
+        });
+        for _ in 0..PROMPT_SIZES_KEPT {
+            p.prompt_sizes.record(50);
+        }
+        for _ in 0..3 {
+            p.recent_new_prefixes.record(1);
+        }
+        let engine = |b, fixed_ms: u32, matched| Candidate {
+            prefill_ns_per_token: 500_000,
+            prefill_fixed_ns: fixed_ms * 1_000_000,
+            cache_blocks: 179,
+            cache_free_blocks: Some(100),
+            ..c(b, 0, matched)
+        };
+        let cands = [engine(0, 800, 30), engine(1, 0, 1)];
+        pick(&mut p, &cands, 35)
+    };
+    assert_eq!(place(false), picked(1, Reason::FallbackLeastLoaded));
+    assert_eq!(place(true), picked(0, Reason::LongestPrefix));
+}
