@@ -887,27 +887,35 @@ fn bounded_queue_costs_spread_new_conversations_over_equal_engines() {
     assert!(spread.iter().all(|&n| n <= 3), "{spread:?}");
 }
 
+/// Places eight new conversations of `prompt_blocks` blocks, of which every engine
+/// holds the first `shared`, on three idle engines with 100, 100 and 400 blocks of
+/// cache room (each takes its new blocks from its engine's room). Returns how many
+/// each engine took and the reasons given.
+fn place_eight(p: &mut PrefixAware, shared: u32, prompt_blocks: u32) -> ([u32; 3], Vec<Reason>) {
+    let mut free = [100u32, 100, 400];
+    let mut placed = [0u32; 3];
+    let mut reasons = Vec::new();
+    for seed in 0..8 {
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| Candidate {
+                cache_free_blocks: Some(free[b]),
+                ..c(b, 0, shared)
+            })
+            .collect();
+        let pick = pick_seeded(p, &cands, prompt_blocks, seed);
+        free[pick.backend] -= prompt_blocks - shared;
+        placed[pick.backend] += 1;
+        reasons.push(pick.reason);
+    }
+    (placed, reasons)
+}
+
 #[test]
 fn new_prefixes_spread_by_count_before_room() {
     // Three idle engines; engine 2's cache has far more room. By room alone, all
     // eight new conversations go there (they are 7 blocks each now and grow at every
     // turn); counted, they spread 3/3/2 and the room decides only among equals.
-    let place = |mut p: PrefixAware| {
-        let mut free = [100u32, 100, 400];
-        let mut placed = [0u32; 3];
-        for seed in 0..8 {
-            let cands: Vec<Candidate> = (0..3)
-                .map(|b| Candidate {
-                    cache_free_blocks: Some(free[b]),
-                    ..c(b, 0, 0)
-                })
-                .collect();
-            let chosen = pick_seeded(&mut p, &cands, 7, seed).backend;
-            free[chosen] -= 7;
-            placed[chosen] += 1;
-        }
-        placed
-    };
+    let place = |mut p: PrefixAware| place_eight(&mut p, 0, 7).0;
     assert_eq!(place(by_room()), [0, 0, 8]);
     let mut spread = place(defaults());
     assert_eq!(
@@ -1092,21 +1100,11 @@ fn a_system_prompt_every_engine_holds_does_not_make_a_conversation_old() {
     // blocks arrive at an idle fleet where engine 2's cache has the most room. The
     // match says nothing about where a conversation lives: they spread by count as
     // new prefixes do, instead of all going where the room is.
-    let mut p = defaults();
-    let mut free = [100u32, 100, 400];
-    let mut placed = [0u32; 3];
-    for seed in 0..8 {
-        let cands: Vec<Candidate> = (0..3)
-            .map(|b| Candidate {
-                cache_free_blocks: Some(free[b]),
-                ..c(b, 0, 12)
-            })
-            .collect();
-        let pick = pick_seeded(&mut p, &cands, 20, seed);
-        assert_eq!(pick.reason, Reason::LongestPrefix);
-        free[pick.backend] -= 8;
-        placed[pick.backend] += 1;
-    }
+    let (mut placed, reasons) = place_eight(&mut defaults(), 12, 20);
+    assert!(
+        reasons.iter().all(|&r| r == Reason::LongestPrefix),
+        "{reasons:?}"
+    );
     placed.sort_unstable();
     assert_eq!(placed, [2, 3, 3]);
 }
