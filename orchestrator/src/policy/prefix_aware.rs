@@ -366,6 +366,13 @@ impl PrefixAware {
         self.prefill_ns_per_token(candidate) * self.tokens_per_block * overflow
     }
 
+    /// What a new prefix is expected to add to a cache once grown, in blocks: the
+    /// size of the large prompts seen lately ([`PromptSizes::large`]) less the
+    /// `shared` blocks every candidate holds already.
+    fn footprint_blocks(&self, shared: u32) -> u32 {
+        self.prompt_sizes.large().saturating_sub(shared)
+    }
+
     /// The ranking cost: [`Self::est_ttft_ns`] plus [`Self::eviction_ns`].
     fn cost_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
         self.est_ttft_ns(candidate, prompt_blocks) + self.eviction_ns(candidate, prompt_blocks)
@@ -507,10 +514,13 @@ impl RoutingPolicy for PrefixAware {
             }
         }
 
+        // What every candidate holds (none when there are no candidates).
+        let shared = shared.min(best);
+
         // 2. A new prefix: the match is too short to matter, or every candidate
         // holds as much of it (a system prompt all engines hold) and the prompt goes
         // on beyond it.
-        let only_shared = best - shared.min(best) < self.min_match_blocks
+        let only_shared = best - shared < self.min_match_blocks
             && prompt_blocks.saturating_sub(best) >= self.min_match_blocks;
         if best < self.min_match_blocks || only_shared {
             let reason = match best {
@@ -524,9 +534,7 @@ impl RoutingPolicy for PrefixAware {
             // request's best cost, so that a few milliseconds between fixed delays do
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately, then the most cache room.
-            // What the prefix adds to a cache grown: the prompts' size less what
-            // every backend holds already.
-            let footprint = self.prompt_sizes.large().saturating_sub(shared.min(best));
+            let footprint = self.footprint_blocks(shared);
             let later = |c: &Candidate| self.wait_ns(c) + self.crowding_ns(c, footprint);
             let soonest = candidates.iter().map(later).fold(f64::INFINITY, f64::min);
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;
@@ -535,9 +543,10 @@ impl RoutingPolicy for PrefixAware {
                 let forgiven = tolerance.min(f64::from(c.prefill_fixed_ns));
                 let close =
                     wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
-                let placed = match self.spread_new_prefixes {
-                    true => self.recent_new_prefixes.placed(c.backend),
-                    false => 0,
+                let placed = if self.spread_new_prefixes {
+                    self.recent_new_prefixes.placed(c.backend)
+                } else {
+                    0
                 };
                 close.then(|| (placed, Reverse(free_room(c)), wait as u64))
             })?;
@@ -556,13 +565,18 @@ impl RoutingPolicy for PrefixAware {
             && candidates
                 .iter()
                 .any(|c| c.matched_blocks < best && c.cache_blocks > 0);
-        let footprint = match moves_priced {
-            true => self.prompt_sizes.large().saturating_sub(shared.min(best)),
-            false => 0,
+        let footprint = if moves_priced {
+            self.footprint_blocks(shared)
+        } else {
+            0
         };
-        let cost = |c: &Candidate| match c.matched_blocks < best {
-            true => self.cost_ns(c, prompt_blocks) + self.crowding_ns(c, footprint),
-            false => self.cost_ns(c, prompt_blocks),
+        let cost = |c: &Candidate| {
+            let own = self.cost_ns(c, prompt_blocks);
+            if c.matched_blocks < best {
+                own + self.crowding_ns(c, footprint)
+            } else {
+                own
+            }
         };
         if moves_priced {
             min_est = candidates
@@ -618,7 +632,7 @@ pub const NEW_PREFIX_MEMORY: f32 = 15.0 / 16.0;
 impl RecentPlacements {
     /// The backend's recent new prefixes, rounded to a whole count.
     pub fn placed(&self, backend: BackendIdx) -> u32 {
-        self.placed.get(backend).map_or(0, |p| p.round() as u32)
+        self.recent(backend).round() as u32
     }
 
     /// The backend's recent new prefixes, unrounded.
