@@ -4,7 +4,10 @@
 #!   deploy/vllm/colocation-probe.sh [REQUESTS] [SIZE]      (defaults: 60 small)
 #!   deploy/vllm/colocation-probe.sh burst [ROUNDS] [SIZE]   (defaults: 3 small)
 #!
-#! Starts two engines on core 0 (fleet.sh, 40 KV blocks each, ports 18700-18701).
+#! Starts two engines on core 0 (fleet.sh, 40 KV blocks each, ports 18700-18701;
+#! PROBE_CORES="0 1" puts them on a core each instead). fleet.sh runs engines that
+#! share a core in one process each; RADIXGATE_VLLM_INPROC=0 measures vLLM's default
+#! process layout (a model worker that busy-polls beside each engine) instead.
 #!
 #! Default mode: sends REQUESTS streaming chat requests that alternate between them,
 #! each engine cycling over three documents of its own (cached after the first round),
@@ -32,7 +35,7 @@ requests="${1:-60}"
 size="${2:-small}"
 state="$(mktemp -d /tmp/radixgate-colocation.XXXXXX)"
 trap '"$here/fleet.sh" stop "$state" >/dev/null 2>&1 || true; rm -rf "$state"' EXIT
-RADIXGATE_VLLM_CORES="0 0" "$here/fleet.sh" start "$state" 2 18700 "$size" \
+RADIXGATE_VLLM_CORES="${PROBE_CORES:-0 0}" "$here/fleet.sh" start "$state" 2 18700 "$size" \
     -- --num-gpu-blocks-override 40 >/dev/null
 if [ "$mode" = burst ]; then
     python3 - "$requests" "$size" <<'PY'

@@ -32,6 +32,13 @@
 #!                                  engines sharing a core are slower.
 #!   RADIXGATE_VLLM_ENGINE_ARGS_<i> more arguments for engine i alone, word-split
 #!                                  (e.g. RADIXGATE_VLLM_ENGINE_ARGS_0="--max-num-seqs 1").
+#!
+#! RADIXGATE_VLLM_INPROC=1 runs each engine in one process (vLLM's
+#! VLLM_ENABLE_V1_MULTIPROCESSING=0), pinned whole to its core with taskset; 0 runs
+#! vLLM's default, a model worker process beside the engine. The default is 1 when two
+#! engines share a core, else 0: the worker busy-polls for a second after each step,
+#! and a neighbour on its core then waits up to that second (docs/real-vllm.md, "Where
+#! the slow requests come from"; deploy/vllm/colocation-probe.sh measures both).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -58,6 +65,15 @@ start() {
         *) echo "RADIXGATE_VLLM_KV_MODE: expected connect or bind, got $mode" >&2; exit 2 ;;
     esac
     dir="$(cd "$dir" && pwd)"
+    # Engines that share a core run in one process each (see RADIXGATE_VLLM_INPROC above).
+    local pinned=() shared=0
+    for i in $(seq 0 $((k - 1))); do
+        local c=$((i % ncpu))
+        [[ ${#cores[@]} -gt 0 ]] && c="${cores[$((i % ${#cores[@]}))]}"
+        [[ " ${pinned[*]} " == *" $c "* ]] && shared=1
+        pinned+=("$c")
+    done
+    export RADIXGATE_VLLM_INPROC="${RADIXGATE_VLLM_INPROC:-$shared}"
     local lines=()
     for i in $(seq 0 $((k - 1))); do
         local endpoint extra="" line

@@ -19,17 +19,24 @@ prepare_model() {
 
 # launch_engine DIR NAME PORT CORE SIZE [EXTRA_ARGS...]: starts an API server for
 # `$model` served as SIZE on 127.0.0.1:PORT, pinned to CORE, with prefix caching and
-# prompt-token details; logs to DIR/NAME.log, PID in DIR/NAME.pid.
+# prompt-token details; logs to DIR/NAME.log, PID in DIR/NAME.pid. With
+# RADIXGATE_VLLM_INPROC=1 the model runs in the server's own process, pinned whole to
+# CORE (taskset), instead of in a worker process that busy-polls after each step.
 launch_engine() {
     local dir="$1" name="$2" port="$3" core="$4" size="$5"
     shift 5
     local scratch="$dir/scratch-$name"
     mkdir -p "$scratch"
+    local pin=() mp=1
+    if [[ "${RADIXGATE_VLLM_INPROC:-0}" == 1 ]]; then
+        pin=(taskset -c "$core")
+        mp=0
+    fi
     # setsid: the server leads its own process group, so stop_engines can reap it whole.
     HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
-    VLLM_CPU_OMP_THREADS_BIND="$core" \
+    VLLM_CPU_OMP_THREADS_BIND="$core" VLLM_ENABLE_V1_MULTIPROCESSING="$mp" \
     VLLM_CACHE_ROOT="$scratch/vllm" TORCHINDUCTOR_CACHE_DIR="$scratch/inductor" \
-    setsid "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
+    setsid ${pin[@]+"${pin[@]}"} "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
         --served-model-name "$size" --host 127.0.0.1 --port "$port" \
         --enable-prefix-caching --enable-prompt-tokens-details --max-model-len 4096 \
         --enforce-eager "$@" \
