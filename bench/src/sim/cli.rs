@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::num::NonZeroUsize;
 
 use clap::{Args, ValueEnum};
-use radixgate_orchestrator::{PolicyConfig, PolicyName, PrefixAwareConfig};
+use radixgate_orchestrator::{PolicyConfig, PolicyName, PrefixAwareConfig, RouterConfig};
 
 use super::report::{self, Row, RunResult};
 use super::workload::{Distribution, DocsConfig, MultiturnConfig, WorkloadSpec};
@@ -234,6 +234,12 @@ pub struct SimArgs {
     /// lately reached (PrefixAwareConfig::price_footprint = false, the ablation).
     #[arg(long)]
     pub no_price_footprint: bool,
+    /// The router's `routing.index_touch_ms` (default: the gateway's): a prompt the
+    /// chosen backend holds whole, last used less than this long ago, is not
+    /// re-inserted, so its recency in the index lags by up to this much; 0 refreshes
+    /// it at every request.
+    #[arg(long)]
+    pub index_touch_ms: Option<u64>,
     /// consistent_hash: bounded-load factor (a huge value: plain consistent hashing).
     #[arg(long)]
     pub hash_load_factor: Option<f64>,
@@ -305,6 +311,9 @@ impl SimArgs {
                         .max(0.0) as u64,
                 ),
             },
+            index_touch_ms: self
+                .index_touch_ms
+                .unwrap_or(RouterConfig::default().index_touch_ms),
             seed: self.seed,
         }
     }

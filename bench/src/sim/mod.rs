@@ -86,6 +86,9 @@ pub struct SimConfig {
     /// How long one replica's routing ops take to reach the others (cluster mode's
     /// bus); `None`: replicas share nothing.
     pub replication_lag_ns: Option<u64>,
+    /// The router's `routing.index_touch_ms`: how long a held prompt's recency may go
+    /// unrefreshed (the gateway's default; 0 refreshes it at every request).
+    pub index_touch_ms: u64,
     pub seed: u64,
 }
 
@@ -111,6 +114,7 @@ impl Default for SimConfig {
             },
             replicas: 1,
             replication_lag_ns: Some(0),
+            index_touch_ms: RouterConfig::default().index_touch_ms,
             seed: 1,
         }
     }
@@ -208,6 +212,7 @@ pub fn run(
         .map(|r| {
             let config = RouterConfig {
                 policy: policy_cfg.clone(),
+                index_touch_ms: cfg.index_touch_ms,
                 ..RouterConfig::default()
             };
             let seed = mix(&[cfg.seed, policy_name as u64]);

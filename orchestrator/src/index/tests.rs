@@ -356,6 +356,39 @@ fn a_touch_is_due_unless_the_whole_chain_was_used_recently() {
     assert_eq!(idx.last_used(0, &[1, 2, 3, 4]), Some(300));
 }
 
+/// A full cache evicts its oldest blocks first: a prefix whose recency is within one
+/// resolution of them is refreshed at every touch, so that the stale time does not
+/// put it ahead of blocks used after it; the rest still coalesce.
+#[test]
+fn a_touch_near_a_full_caches_oldest_block_is_due() {
+    let mut idx = index(100, &[6, 6]);
+    idx.insert(0, &[1, 2, 3], 100);
+    idx.insert(0, &[7, 8, 9], 130);
+    assert_eq!(idx.free_blocks(0), Some(0));
+    assert!(idx.touch_is_due(0, &[1, 2, 3], 140, 50), "the oldest, full");
+    assert!(
+        idx.touch_is_due(0, &[7, 8, 9], 140, 50),
+        "30 ms from the oldest"
+    );
+    let mut m = PrefixMatch::default();
+    idx.match_prefix(&[1, 2, 3], &mut m);
+    assert!(
+        idx.touch_is_due_matched(&m, 0, 140, 50),
+        "the same from the match"
+    );
+    idx.insert(0, &[1, 2, 3], 200);
+    assert!(
+        !idx.touch_is_due(0, &[1, 2, 3], 210, 50),
+        "a resolution past the oldest"
+    );
+    assert!(idx.touch_is_due(0, &[7, 8, 9], 210, 50), "now the oldest");
+    // With room to spare, nothing is evicted and the oldest coalesces too.
+    idx.insert(1, &[1, 2, 3], 100);
+    idx.insert(1, &[7, 8], 130);
+    assert_eq!(idx.free_blocks(1), Some(1));
+    assert!(!idx.touch_is_due(1, &[1, 2, 3], 140, 50));
+}
+
 /// The same answers from the match the router already made, without a second walk.
 #[test]
 fn a_touch_is_due_from_the_match() {
