@@ -65,7 +65,8 @@ start() {
         *) echo "RADIXGATE_VLLM_KV_MODE: expected connect or bind, got $mode" >&2; exit 2 ;;
     esac
     dir="$(cd "$dir" && pwd)"
-    # Engines that share a core run in one process each (see RADIXGATE_VLLM_INPROC above).
+    # Engine i's core; engines that share one run in one process each (see
+    # RADIXGATE_VLLM_INPROC above).
     local pinned=() shared=0
     for i in $(seq 0 $((k - 1))); do
         local c=$((i % ncpu))
@@ -87,10 +88,9 @@ start() {
             line="vllm-$i 127.0.0.1:$((base + i)) $endpoint"
         fi
         local kv="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"$endpoint\"$extra,\"topic\":\"kv\"}"
-        local core=$((i % ncpu)) own_var="RADIXGATE_VLLM_ENGINE_ARGS_$i" own=()
-        [[ ${#cores[@]} -gt 0 ]] && core="${cores[$((i % ${#cores[@]}))]}"
+        local own_var="RADIXGATE_VLLM_ENGINE_ARGS_$i" own=()
         read -r -a own <<<"${!own_var:-}"
-        launch_engine "$dir" "engine-$i" $((base + i)) "$core" "$size" --kv-events-config "$kv" \
+        launch_engine "$dir" "engine-$i" $((base + i)) "${pinned[$i]}" "$size" --kv-events-config "$kv" \
             ${common[@]+"${common[@]}"} ${own[@]+"${own[@]}"}
         lines+=("$line")
     done

@@ -407,14 +407,12 @@ impl PrefixIndex {
         if now.saturating_sub(last_used) >= resolution {
             return true;
         }
-        let Some(slot) = self.backends.get(backend) else {
-            return true;
-        };
-        let full = slot.declared && slot.held >= slot.capacity;
-        full && slot
-            .lru
-            .first()
-            .is_some_and(|oldest| last_used.saturating_sub(oldest.last_used) < resolution)
+        // Only a full cache evicts; a backend holding the chain has a slot.
+        self.free_blocks(backend) == Some(0)
+            && self.backends[backend]
+                .lru
+                .first()
+                .is_some_and(|oldest| last_used.saturating_sub(oldest.last_used) < resolution)
     }
 
     pub fn total_blocks(&self) -> usize {

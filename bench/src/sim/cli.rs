@@ -234,12 +234,12 @@ pub struct SimArgs {
     /// lately reached (PrefixAwareConfig::price_footprint = false, the ablation).
     #[arg(long)]
     pub no_price_footprint: bool,
-    /// The router's `routing.index_touch_ms` (default: the gateway's): a prompt the
+    /// The router's `routing.index_touch_ms` (the gateway's default): a prompt the
     /// chosen backend holds whole, last used less than this long ago, is not
     /// re-inserted, so its recency in the index lags by up to this much; 0 refreshes
     /// it at every request.
-    #[arg(long)]
-    pub index_touch_ms: Option<u64>,
+    #[arg(long, default_value_t = RouterConfig::default().index_touch_ms)]
+    pub index_touch_ms: u64,
     /// consistent_hash: bounded-load factor (a huge value: plain consistent hashing).
     #[arg(long)]
     pub hash_load_factor: Option<f64>,
@@ -311,9 +311,7 @@ impl SimArgs {
                         .max(0.0) as u64,
                 ),
             },
-            index_touch_ms: self
-                .index_touch_ms
-                .unwrap_or(RouterConfig::default().index_touch_ms),
+            index_touch_ms: self.index_touch_ms,
             seed: self.seed,
         }
     }
