@@ -37,6 +37,8 @@ pub struct BackendTable {
     models: ModelTable,
     /// `serving[model]`: live slots serving that model, in slot order.
     serving: Vec<Vec<usize>>,
+    /// `compute_peers[slot]`: the other live slots in its `compute_group`.
+    compute_peers: Vec<Vec<usize>>,
 }
 
 impl BackendTable {
@@ -71,10 +73,24 @@ impl BackendTable {
                     .collect()
             })
             .collect();
+        fn group(s: &Slot) -> Option<&str> {
+            s.config.compute_group.as_deref().filter(|_| !s.removed)
+        }
+        let compute_peers = slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| match group(slot) {
+                None => Vec::new(),
+                Some(g) => (0..slots.len())
+                    .filter(|&j| j != i && group(&slots[j]) == Some(g))
+                    .collect(),
+            })
+            .collect();
         Self {
             slots,
             models: ModelTable::new(names),
             serving,
+            compute_peers,
         }
     }
 
@@ -126,6 +142,11 @@ impl BackendTable {
     /// Live slots serving `model`; empty when no live backend serves it any more.
     pub fn serving(&self, model: usize) -> &[usize] {
         self.serving.get(model).map_or(&[], |s| s.as_slice())
+    }
+
+    /// The other live slots that share `slot`'s compute (`compute_group`).
+    pub fn compute_peers(&self, slot: usize) -> &[usize] {
+        self.compute_peers.get(slot).map_or(&[], |p| p.as_slice())
     }
 
     /// Every slot's id, retired ones included (metrics labels, the hash ring).
@@ -254,6 +275,7 @@ pub(crate) mod tests {
             capabilities: Default::default(),
             role: Default::default(),
             bootstrap_port: None,
+            compute_group: None,
             file: serde_json::Value::Null,
             discovered: None,
         }
@@ -279,5 +301,30 @@ pub(crate) mod tests {
         assert_eq!(t.live_count(), 1);
         let t = t.with_updated(2, backend("a", &["m"]));
         assert_eq!(t.serving(0), &[2]);
+    }
+
+    #[test]
+    fn compute_peers_are_the_other_live_slots_of_a_group() {
+        let grouped = |id: &str, group: Option<&str>| BackendConfig {
+            compute_group: group.map(String::from),
+            ..backend(id, &["m"])
+        };
+        let t = BackendTable::new(&[
+            grouped("a", Some("core0")),
+            grouped("b", None),
+            grouped("c", Some("core0")),
+            grouped("d", Some("core1")),
+        ]);
+        assert_eq!(t.compute_peers(0), &[2]);
+        assert_eq!(t.compute_peers(2), &[0]);
+        assert!(t.compute_peers(1).is_empty() && t.compute_peers(3).is_empty());
+        let (t, e) = t.with_added(grouped("e", Some("core0")));
+        assert_eq!(t.compute_peers(0), &[2, e]);
+        // A retired slot neither has peers nor is one.
+        let t = t.with_removed(2);
+        assert_eq!(t.compute_peers(0), &[e]);
+        assert!(t.compute_peers(2).is_empty());
+        let t = t.with_updated(e, grouped("e", None));
+        assert!(t.compute_peers(0).is_empty());
     }
 }

@@ -535,6 +535,11 @@ struct BackendWire {
     /// (`--disaggregation-bootstrap-port`), sent to decode servers as `bootstrap_port`.
     #[serde(default)]
     bootstrap_port: Option<u16>,
+    /// Backends with the same label share their compute (engines on one GPU, or
+    /// pinned to the same CPU cores): each one's queued work slows the others, and
+    /// the cost model counts it (docs/routing.md).
+    #[serde(default)]
+    compute_group: Option<String>,
 }
 
 /// Chat body members radixgate reads itself: `routing.rag_field` may not shadow them.
@@ -748,6 +753,8 @@ pub struct BackendConfig {
     pub role: Role,
     /// SGLang prefill backends: the bootstrap server's port.
     pub bootstrap_port: Option<u16>,
+    /// `backends[].compute_group`: backends with the same label share compute.
+    pub compute_group: Option<String>,
     /// This entry's keys as given (defaults filled in), for reload's diff and
     /// `GET /admin/config`; names `api_key_env`, never the key.
     pub file: serde_json::Value,
@@ -935,6 +942,15 @@ fn validate_backend(
     if b.models.is_empty() {
         errors.push(format!("{at}.models: list at least one model"));
     }
+    if b
+        .compute_group
+        .as_ref()
+        .is_some_and(|g| g.is_empty() || !g.bytes().all(|c| c.is_ascii_graphic()))
+    {
+        errors.push(format!(
+            "{at}.compute_group: must be non-empty printable ASCII without spaces"
+        ));
+    }
     let capabilities =
         radixgate_orchestrator::Capabilities::parse(b.capabilities.iter().map(String::as_str))
             .unwrap_or_else(|e| {
@@ -978,6 +994,7 @@ fn validate_backend(
         file,
         role,
         bootstrap_port: b.bootstrap_port,
+        compute_group: b.compute_group,
         id: b.id,
         addr,
         host,

@@ -214,7 +214,9 @@ struct RealArgs {
     /// token alone, `prefix_aware_free_room_only` one that counts only truly free
     /// blocks as cache room, `prefix_aware_room_first` one that places a new prefix
     /// by cache room alone, `prefix_aware_no_footprint` one that prices a new prefix
-    /// at its size now, not at what prompts lately grew to (the ablations).
+    /// at its size now, not at what prompts lately grew to,
+    /// `prefix_aware_no_shared_compute` one not told which engines share a core (no
+    /// `compute_group`; the others are) (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -80,6 +80,24 @@ pub struct RealConfig {
     pub first_token_timeout_factor: f64,
 }
 
+impl RealConfig {
+    /// Engine i's cores: its entry of `engine_cores`, or core i mod the host's CPUs.
+    pub fn engine_core(&self, i: usize) -> String {
+        match self.engine_cores.len() {
+            0 => {
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (i % cpus).to_string()
+            }
+            n => self.engine_cores[i % n].clone(),
+        }
+    }
+
+    /// Every engine's cores, in engine order (what fleet.sh pins them to).
+    fn cores(&self) -> Vec<String> {
+        (0..self.engines).map(|i| self.engine_core(i)).collect()
+    }
+}
+
 /// The policy name that selects the precise-mode gateway.
 pub const PRECISE: &str = "prefix_aware_precise";
 /// The policy name that selects prefix_aware on a gateway that does not use learned
@@ -108,6 +126,9 @@ pub const ROOM_FIRST: &str = "prefix_aware_room_first";
 /// at its size now, not at the size the large prompts lately reached
 /// (`routing.prefix_aware.price_footprint = false`): an ablation.
 pub const NO_FOOTPRINT: &str = "prefix_aware_no_footprint";
+/// The policy name that selects prefix_aware on a gateway that is not told which
+/// engines share a core (no `backends[].compute_group`): an ablation.
+pub const NO_SHARED_COMPUTE: &str = "prefix_aware_no_shared_compute";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -130,6 +151,8 @@ enum Variant {
     RoomFirst,
     /// Bytes mode with a new prefix priced at its size now.
     NoFootprint,
+    /// Bytes mode without the engines' compute groups.
+    NoSharedCompute,
 }
 
 impl Variant {
@@ -144,6 +167,7 @@ impl Variant {
             FREE_ROOM_ONLY => (Variant::FreeRoomOnly, "prefix_aware"),
             ROOM_FIRST => (Variant::RoomFirst, "prefix_aware"),
             NO_FOOTPRINT => (Variant::NoFootprint, "prefix_aware"),
+            NO_SHARED_COMPUTE => (Variant::NoSharedCompute, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -159,6 +183,7 @@ impl Variant {
             Variant::FreeRoomOnly => "free-room-only",
             Variant::RoomFirst => "room-first",
             Variant::NoFootprint => "no-footprint",
+            Variant::NoSharedCompute => "no-shared-compute",
         }
     }
 }
@@ -464,7 +489,7 @@ impl Fleet {
                 "--".into(),
             ])
             .args(engine_args(cfg))
-            .env("RADIXGATE_VLLM_CORES", cfg.engine_cores.join(" "));
+            .env("RADIXGATE_VLLM_CORES", cfg.cores().join(" "));
         for (i, args) in &cfg.engine_args_for {
             command.env(format!("RADIXGATE_VLLM_ENGINE_ARGS_{i}"), args);
         }
@@ -587,7 +612,7 @@ impl Gateway {
             Variant::NoFootprint => {
                 toml.push_str("\n[routing.prefix_aware]\nprice_footprint = false\n")
             }
-            Variant::Bytes | Variant::Precise => {}
+            Variant::Bytes | Variant::Precise | Variant::NoSharedCompute => {}
         }
         toml.push_str(
             "\n[upstream]\nfirst_byte_timeout_ms = 300000\n\n[health]\nscrape_interval_ms = 500\n\n[log]\naccess = false\n",
@@ -597,12 +622,16 @@ impl Gateway {
             "\n[retry]\nfirst_token_timeout_ms = {}\nfirst_token_timeout_factor = {:?}\n",
             cfg.first_token_timeout_ms, cfg.first_token_timeout_factor
         );
-        for (id, engine, events) in &fleet.engines {
+        for (i, (id, engine, events)) in fleet.engines.iter().enumerate() {
             let _ = write!(
                 toml,
                 "\n[[backends]]\nid = \"{id}\"\nurl = \"http://{engine}\"\nmodels = [\"{}\"]\n",
                 cfg.model
             );
+            // Engines pinned to the same cores slow each other down: say so.
+            if variant != Variant::NoSharedCompute {
+                let _ = writeln!(toml, "compute_group = \"cores-{}\"", cfg.engine_core(i));
+            }
             if precise {
                 let _ = writeln!(toml, "kv_events = \"{events}\"");
             }

@@ -298,6 +298,7 @@ mod tests {
             uncached_media_tokens: 0,
             cache_free_blocks: None,
             cache_blocks: 0,
+            peer_queue_ns: 0,
         }];
         // 15 blocks = 240 tokens < 256: local.
         assert_eq!(
@@ -323,6 +324,7 @@ mod tests {
             uncached_media_tokens: 0,
             cache_free_blocks: None,
             cache_blocks: 0,
+            peer_queue_ns: 0,
         }];
         assert_eq!(
             decide(&policy, &cost, &input(&WARM, 100)),
@@ -343,6 +345,7 @@ mod tests {
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
                 cache_blocks: 0,
+                peer_queue_ns: 0,
             },
             Candidate {
                 backend: 1,
@@ -358,6 +361,7 @@ mod tests {
                 uncached_media_tokens: 0,
                 cache_free_blocks: None,
                 cache_blocks: 0,
+                peer_queue_ns: 0,
             },
         ];
         assert_eq!(

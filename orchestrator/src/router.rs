@@ -148,6 +148,13 @@ pub trait FleetView {
         let _ = (backend, adapter);
         false
     }
+    /// The other backends that share this one's compute (the same GPU, the same CPU
+    /// cores: config `backends[].compute_group`), whose queued work slows its own
+    /// ([`Candidate::peer_queue_ns`]); a view that knows of no sharing: none.
+    fn compute_peers(&self, backend: BackendIdx) -> &[BackendIdx] {
+        let _ = backend;
+        &[]
+    }
 }
 
 /// A fleet written out as values: every backend serves the one model (index 0).
@@ -159,6 +166,9 @@ pub struct FleetState {
     pub states: Vec<BackendState>,
     /// `(backend, adapter)`: the LoRA adapters each backend has loaded.
     pub adapters: Vec<(BackendIdx, AdapterIdx)>,
+    /// `compute_peers[b]`: the backends sharing backend `b`'s compute (none when
+    /// shorter than `b`).
+    pub compute_peers: Vec<Vec<BackendIdx>>,
 }
 
 impl FleetState {
@@ -174,6 +184,7 @@ impl FleetState {
                 backends
             ],
             adapters: Vec::new(),
+            compute_peers: Vec::new(),
         }
     }
 }
@@ -193,6 +204,10 @@ impl FleetView for FleetState {
 
     fn serves_adapter(&self, backend: BackendIdx, adapter: AdapterIdx) -> bool {
         self.adapters.contains(&(backend, adapter))
+    }
+
+    fn compute_peers(&self, backend: BackendIdx) -> &[BackendIdx] {
+        self.compute_peers.get(backend).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -424,6 +439,7 @@ impl Router {
             pool: Pool::Whole,
             probe_limit: self.config.half_open_probes,
             stale_before: self.stale_before(now_ms),
+            cost_model: &self.cost_model,
         };
         let candidates = &mut self.candidates;
         filter.fill(candidates, &self.matches, replica, fleet)?;
@@ -528,6 +544,7 @@ impl Router {
             pool,
             probe_limit: self.config.half_open_probes,
             stale_before,
+            cost_model: &self.cost_model,
         };
         filter(Pool::Prefill).fill(&mut self.prefill, &self.matches, replica, fleet)?;
         filter(Pool::Decode).fill(&mut self.candidates, &self.matches, replica, fleet)?;
@@ -614,6 +631,7 @@ impl Router {
             pool: Pool::Whole,
             probe_limit: self.config.half_open_probes,
             stale_before: 0,
+            cost_model: &self.cost_model,
         };
         let filled = filter.fill(&mut self.candidates, &self.matches, replica, fleet);
         if filled.is_err() || self.candidates.is_empty() {
@@ -680,6 +698,8 @@ struct Filter<'f> {
     probe_limit: u32,
     /// Blocks last used before this (index time, ms) count as free cache room.
     stale_before: u64,
+    /// Prices the queues of backends that share a candidate's compute.
+    cost_model: &'f PrefixAware,
 }
 
 impl Filter<'_> {
@@ -726,23 +746,17 @@ impl Filter<'_> {
             {
                 let matched_blocks = matches.matched.get(b).copied().unwrap_or(0);
                 out.push(Candidate {
-                    backend: b,
-                    in_flight: state.in_flight,
                     matched_blocks,
-                    engine_waiting: state.engine_waiting,
-                    pending_prefill_tokens: state.pending_prefill_tokens,
-                    prefill_progress_ns: state.prefill_progress_ns,
-                    prefill_ns_per_token: state.prefill_ns_per_token,
-                    prefill_fixed_ns: state.prefill_fixed_ns,
-                    queue_ns_per_request: state.queue_ns_per_request,
                     session_home: self.session_home == Some(b),
                     uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
                     cache_free_blocks: free_blocks(&replica.index, b, self.stale_before),
                     cache_blocks: u32::try_from(replica.index.capacity(b)).unwrap_or(u32::MAX),
+                    ..queue_of(b, &state)
                 });
             }
         }
         crate::policy::prefix_aware::bound_queue_costs(out);
+        self.price_peers(out, fleet);
         if !any_adapter {
             return Err(RouteError::AdapterGone);
         }
@@ -750,6 +764,50 @@ impl Filter<'_> {
             return Err(RouteError::UnsupportedMedia(needs));
         }
         Ok(())
+    }
+}
+
+impl Filter<'_> {
+    /// Sets each candidate's [`Candidate::peer_queue_ns`]: the queues of the backends
+    /// that share its compute, priced as the cost model prices a queue
+    /// ([`PrefixAware::queue_ns`]; a peer that is a candidate too with its bounded
+    /// costs, any other as its state says).
+    fn price_peers(&self, out: &mut [Candidate], fleet: &impl FleetView) {
+        for i in 0..out.len() {
+            let peers = fleet.compute_peers(out[i].backend);
+            if peers.is_empty() {
+                continue;
+            }
+            let queued: f64 = peers
+                .iter()
+                .map(|&p| {
+                    let peer = out
+                        .iter()
+                        .find(|c| c.backend == p)
+                        .copied()
+                        .unwrap_or_else(|| queue_of(p, &fleet.backend(p)));
+                    self.cost_model.queue_ns(&peer)
+                })
+                .sum();
+            // Saturating: an infinite queue is the longest.
+            out[i].peer_queue_ns = queued as u64;
+        }
+    }
+}
+
+/// A candidate with what `state` says of backend `b`'s queue and costs, and nothing of
+/// the prompt.
+fn queue_of(b: BackendIdx, state: &BackendState) -> Candidate {
+    Candidate {
+        backend: b,
+        in_flight: state.in_flight,
+        engine_waiting: state.engine_waiting,
+        pending_prefill_tokens: state.pending_prefill_tokens,
+        prefill_progress_ns: state.prefill_progress_ns,
+        prefill_ns_per_token: state.prefill_ns_per_token,
+        prefill_fixed_ns: state.prefill_fixed_ns,
+        queue_ns_per_request: state.queue_ns_per_request,
+        ..Candidate::default()
     }
 }
 

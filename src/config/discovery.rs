@@ -197,6 +197,7 @@ pub(super) fn validate(wire: Vec<DiscoveryWire>, errors: &mut Vec<String>) -> Ve
                 capabilities: d.capabilities,
                 role: d.role,
                 bootstrap_port: d.bootstrap_port,
+                compute_group: None,
                 tls_ca: None,
                 tls_server_name: None,
             },

@@ -216,6 +216,7 @@ pub const KEYS: &[Key] = &[
     live("backends.*.capabilities"),
     live("backends.*.role"),
     live("backends.*.bootstrap_port"),
+    live("backends.*.compute_group"),
     // DNS discovery: each entry's resolver and schedule live on the discovery
     // thread, which starts once; its backends come and go with the records.
     restart("discovery.*"),

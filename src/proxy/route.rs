@@ -57,6 +57,10 @@ impl FleetView for ShardFleet<'_> {
         self.snapshot.adapters.serves(b, adapter)
     }
 
+    fn compute_peers(&self, b: BackendIdx) -> &[BackendIdx] {
+        self.snapshot.live.backends.compute_peers(b)
+    }
+
     fn backend(&self, b: BackendIdx) -> BackendState {
         let snapshot = self.snapshot;
         let config = snapshot.live.backends.config(b);

@@ -70,6 +70,11 @@ pub struct Candidate {
     /// What a new prefix's growth is measured against
     /// ([`prefix_aware::PrefixAware::crowding_ns`]).
     pub cache_blocks: u32,
+    /// The queued work of the backends that share this one's compute (config
+    /// `backends[].compute_group`), in ns as the cost model prices a queue (0: none
+    /// share it, or they are idle). While both have work each runs at a share of the
+    /// hardware ([`prefix_aware::PrefixAware::sharing_ns`]).
+    pub peer_queue_ns: u64,
 }
 
 // === impl Candidate ===

@@ -17,6 +17,7 @@
 //!             + prefill_fixed_ns
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
 //!             + prefill_ns_per_token * uncached_media_tokens
+//! est_ttft_ns += min(est_ttft_ns, peer_queue_ns)
 //! ```
 //!
 //! Candidates are ranked by the estimate plus the cost of what the placement evicts
@@ -55,6 +56,18 @@
 //! second). The last,
 //! `uncached_media_tokens`, is the estimated tokens of the request's images and audio,
 //! charged to candidates whose match does not reach them ([`crate::media`]).
+//!
+//! The last line is for backends that share their compute with others (two engines
+//! on one GPU, or on the same CPU cores: config `backends[].compute_group`).
+//! `peer_queue_ns` is the queue of those others, each priced by the same first
+//! terms; while both have work each runs at half speed, so the request's first token
+//! comes later by as much of the peers' work as overlaps its own
+//! ([`PrefixAware::sharing_ns`]). Without it, a burst of new prompts on three CPU
+//! engines, two of them on one core, put five or six of eight on that core: each
+//! engine looked idle while its neighbour was not, and those requests waited 3.9–5.9 s
+//! against 0.8–1.7 s on the engine with a core of its own (`radixgate-bench real`,
+//! docs, concurrency 8, the tail of the runs where prefix_aware lost to
+//! least_loaded).
 //!
 //! A backend is *saturated* when its load is at `saturation_inflight` or more and at
 //! least [`SATURATION_OVER_MEAN`] times the candidates' mean load. The pick goes, in
@@ -312,15 +325,43 @@ impl PrefixAware {
     /// The candidate's estimated time to first token for a prompt of `prompt_blocks`
     /// complete blocks, in ns (see the module docs for the formula).
     pub fn est_ttft_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
+        let own = self.wait_ns(candidate) + self.prefill_ns(candidate, prompt_blocks);
+        own + self.sharing_ns(candidate, own)
+    }
+
+    /// How long the prompt would wait on this backend before its own prefill, in
+    /// ns: its wait ([`Self::wait_ns`]) and what sharing the compute adds to the
+    /// whole of its work ([`Self::sharing_ns`]). [`Self::est_ttft_ns`] less the
+    /// prompt's own prefill.
+    pub fn shared_wait_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
         let wait = self.wait_ns(candidate);
+        wait + self.sharing_ns(candidate, wait + self.prefill_ns(candidate, prompt_blocks))
+    }
+
+    /// The prompt's own prefill on this backend, in ns: its blocks the backend does
+    /// not hold and its uncached media.
+    fn prefill_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
         let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
         if missing == 0 && candidate.uncached_media_tokens == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
-            return wait;
+            return 0.0;
         }
-        wait + self.prefill_ns_per_token(candidate)
+        self.prefill_ns_per_token(candidate)
             * (self.tokens_per_block * f64::from(missing)
                 + f64::from(candidate.uncached_media_tokens))
+    }
+
+    /// What the backends sharing this one's compute add to `own_ns` of work on it,
+    /// in ns: while both have work, two engines on one core (or one GPU) each run at
+    /// half speed, so the work finishes later by as much of the peers' queued work
+    /// (`peer_queue_ns`) as overlaps it: the smaller of the two. Exact for two
+    /// engines sharing fairly; for more, a lower bound (the peers' work is summed
+    /// before it is compared).
+    pub fn sharing_ns(&self, candidate: &Candidate, own_ns: f64) -> f64 {
+        match candidate.peer_queue_ns {
+            0 => 0.0,
+            peers => own_ns.min(peers as f64),
+        }
     }
 
     /// What placing the prompt on this backend costs later, in ns: its missing blocks
@@ -535,7 +576,9 @@ impl RoutingPolicy for PrefixAware {
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately, then the most cache room.
             let footprint = self.footprint_blocks(shared);
-            let later = |c: &Candidate| self.wait_ns(c) + self.crowding_ns(c, footprint);
+            let later = |c: &Candidate| {
+                self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint)
+            };
             let soonest = candidates.iter().map(later).fold(f64::INFINITY, f64::min);
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;
             let chosen = choose(candidates, rng, |c| {

@@ -108,6 +108,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             uncached_media_tokens: 0,
             cache_free_blocks: None,
             cache_blocks: 0,
+            peer_queue_ns: 0,
         }
     );
 }

@@ -572,3 +572,57 @@ fn blocks_unused_for_a_minute_count_as_room_for_a_new_prefix() {
         .unwrap();
     assert_eq!((d.pick.backend, d.pick.reason), (1, Reason::NoMatch));
 }
+
+#[test]
+fn a_burst_of_new_prompts_counts_engines_that_share_compute_as_one() {
+    // Engines 0 and 2 share a core, 1 has its own: eight new 20-block prompts
+    // arriving at once (nothing answers in between) load the shared core no more
+    // than the other. Without `compute_peers`, each of 0 and 2 looked as free as 1
+    // and the core they share took five of eight.
+    let place = |peers: Vec<Vec<BackendIdx>>| {
+        let mut r = router();
+        let mut rep = replica(3, 1_000);
+        let mut fleet = TestFleet::healthy(3);
+        fleet.compute_peers = peers;
+        let mut placed = [0u32; 3];
+        for i in 0..8 {
+            let blocks = prompt(1_000 * (i + 1), 20);
+            let d = route(
+                &mut r,
+                &mut rep,
+                &fleet,
+                &facts(PolicyName::PrefixAware, &blocks),
+                0,
+            );
+            let b = d.pick.backend;
+            placed[b] += 1;
+            fleet.states[b].in_flight += 1;
+            fleet.states[b].pending_prefill_tokens += d.uncached_tokens;
+        }
+        placed
+    };
+    let shared = place(vec![vec![2], vec![], vec![0]]);
+    assert_eq!(shared[0] + shared[2], shared[1], "{shared:?}");
+    let unaware = place(Vec::new());
+    assert!(unaware[0] + unaware[2] > unaware[1], "{unaware:?}");
+}
+
+#[test]
+fn a_peer_outside_the_candidates_is_priced_from_its_state() {
+    // Backend 1 is a prefill-only engine on backend 0's GPU: not a candidate for a
+    // whole request, but its queue still slows backend 0.
+    let mut r = router();
+    let rep = replica(2, 100);
+    let mut fleet = TestFleet::healthy(2);
+    fleet.states[1].role = Role::Prefill;
+    fleet.states[1].pending_prefill_tokens = 1_000;
+    fleet.compute_peers = vec![vec![1], vec![0]];
+    let blocks = prompt(1, 4);
+    let f = facts(PolicyName::PrefixAware, &blocks);
+    let alone = r.estimate(&rep, &TestFleet::healthy(2), &f).unwrap();
+    let shared = r.estimate(&rep, &fleet, &f).unwrap();
+    // 4 blocks × 16 tokens × 20 µs alone; the neighbour's 20 ms queue overlaps all of
+    // it.
+    assert_eq!(alone.best_ns, 1_280_000.0);
+    assert_eq!(shared.best_ns, 2.0 * 1_280_000.0);
+}

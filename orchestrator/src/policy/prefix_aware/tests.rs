@@ -1152,3 +1152,66 @@ fn a_conversation_does_not_move_into_a_cache_its_growth_would_overflow() {
     assert_eq!(place(false), picked(1, Reason::FallbackLeastLoaded));
     assert_eq!(place(true), picked(0, Reason::LongestPrefix));
 }
+
+#[test]
+fn a_neighbours_queue_slows_the_work_it_overlaps() {
+    let p = defaults();
+    // 1 in flight (5 ms) + 20 missing blocks × 16 tok × 20 µs (6.4 ms): 11.4 ms alone.
+    let alone = c(0, 1, 10);
+    assert_eq!(p.est_ttft_ns(&alone, 30), 11.4 * MS);
+    // A neighbour with 4 ms queued: the first 4 ms of this work run at half speed.
+    let light = Candidate {
+        peer_queue_ns: (4.0 * MS) as u64,
+        ..alone
+    };
+    assert_eq!(p.est_ttft_ns(&light, 30), 15.4 * MS);
+    // One with more queued than this whole request: all of it runs at half speed.
+    let heavy = Candidate {
+        peer_queue_ns: (100.0 * MS) as u64,
+        ..alone
+    };
+    assert_eq!(p.est_ttft_ns(&heavy, 30), 22.8 * MS);
+    // The wait before the prompt's own prefill: the estimate less that prefill.
+    assert_eq!(p.shared_wait_ns(&heavy, 30), 22.8 * MS - 6.4 * MS);
+    assert_eq!(p.shared_wait_ns(&alone, 30), 5.0 * MS);
+    let infinite = Candidate {
+        peer_queue_ns: u64::MAX,
+        ..alone
+    };
+    assert_eq!(p.est_ttft_ns(&infinite, 30), 22.8 * MS);
+}
+
+#[test]
+fn a_new_prefix_skips_an_idle_engine_whose_neighbour_is_busy() {
+    // Engines 0 and 2 share a core; 2 has 40 ms of prefill queued, 0 is idle, and 1
+    // (a core of its own) has 3.2 ms of prefill queued. A cold 20-block prompt (6.4
+    // ms alone) would start its prefill after 6.4 ms on 0 (the time it loses to its
+    // neighbour, all of its work running at half speed), after 3.2 ms on 1.
+    let cands = [
+        Candidate {
+            peer_queue_ns: (40.0 * MS) as u64,
+            ..c(0, 0, 0)
+        },
+        Candidate {
+            pending_prefill_tokens: 160,
+            ..c(1, 1, 0)
+        },
+        Candidate {
+            pending_prefill_tokens: 2000,
+            ..c(2, 1, 0)
+        },
+    ];
+    let configured = PrefixAwareConfig {
+        queue_ns_per_request: 0,
+        ..base()
+    };
+    let mut p = PrefixAware::new(&configured);
+    assert_eq!(pick(&mut p, &cands, 20), picked(1, Reason::NoMatch));
+    // Without the neighbour's queue, engine 0 looks idle and takes it.
+    let alone = cands.map(|c| Candidate {
+        peer_queue_ns: 0,
+        ..c
+    });
+    let mut p = PrefixAware::new(&configured);
+    assert_eq!(pick(&mut p, &alone, 20), picked(0, Reason::NoMatch));
+}
