@@ -942,8 +942,7 @@ fn validate_backend(
     if b.models.is_empty() {
         errors.push(format!("{at}.models: list at least one model"));
     }
-    if b
-        .compute_group
+    if b.compute_group
         .as_ref()
         .is_some_and(|g| g.is_empty() || !g.bytes().all(|c| c.is_ascii_graphic()))
     {
@@ -1844,6 +1843,26 @@ mod tests {
             "backends[1].id: duplicate",
         ] {
             assert!(text.contains(needle), "missing {needle} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn compute_group_is_read_and_checked() {
+        let backend = |group: &str| {
+            Config::from_toml(&format!(
+                "[[backends]]\nid = \"b0\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n{group}"
+            ))
+        };
+        assert_eq!(backend("").unwrap().backends[0].compute_group, None);
+        let grouped = backend("compute_group = \"gpu0\"").unwrap();
+        assert_eq!(grouped.backends[0].compute_group.as_deref(), Some("gpu0"));
+        for bad in ["\"\"", "\"gpu 0\""] {
+            let err = backend(&format!("compute_group = {bad}")).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("backends[0].compute_group: must be non-empty printable ASCII"),
+                "{err}"
+            );
         }
     }
 

@@ -101,6 +101,19 @@ pub struct Sample {
     pub in_flight_before: u32,
     /// Prefill tokens the gateway expected queued ahead of it then.
     pub pending_prefill_before: u32,
+    /// The queued work of the backends sharing its compute then, in ns
+    /// ([`radixgate_orchestrator::Decision::peer_queue_before_ns`]).
+    pub peer_queue_before_ns: u64,
+}
+
+impl Sample {
+    /// The time to first token the request would have had with its compute to
+    /// itself: the cost model says sharing added the smaller of its own work and
+    /// its peers' queued work (`ttft = own + min(own, peers)`), so
+    /// `own = ttft - min(peers, ttft / 2)`.
+    fn unshared_ttft_ns(&self) -> u64 {
+        self.ttft_ns - self.peer_queue_before_ns.min(self.ttft_ns / 2)
+    }
 }
 
 impl LearnedCost {
@@ -117,6 +130,13 @@ impl LearnedCost {
     /// `routing.prefix_aware.learn_fixed_delay` (which prefill cost the queue
     /// samples are measured against).
     pub fn learn(&mut self, s: Sample, fixed_delay: bool) {
+        // Costs are the backend's own: what its neighbours took is priced apart
+        // (`Candidate::peer_queue_ns`), and learned into the costs too it would be
+        // counted twice.
+        let s = Sample {
+            ttft_ns: s.unshared_ttft_ns(),
+            ..s
+        };
         if s.in_flight_before == 0 && s.uncached_tokens > 0 {
             self.prefill_fit = self.alone.push(clamp(s.uncached_tokens), s.ttft_ns);
         }
@@ -259,7 +279,32 @@ mod tests {
             uncached_tokens: uncached,
             in_flight_before: ahead,
             pending_prefill_before: pending,
+            peer_queue_before_ns: 0,
         }
+    }
+
+    /// Two engines on one core: a request that found its neighbour with work queued
+    /// ran at half speed while that work lasted, and is learned as it would have run
+    /// alone, so the rate is the engine's own and sharing is counted once (by the
+    /// cost model, from the neighbour's queue).
+    #[test]
+    fn what_a_neighbour_took_is_not_learned_as_the_engines_own() {
+        let with_peer = |ttft_ms, uncached, peer_ms: u64| Sample {
+            peer_queue_before_ns: peer_ms * 1_000_000,
+            ..sample(ttft_ms, uncached, 0, 0)
+        };
+        let mut l = LearnedCost::default();
+        // 500 tokens at 1 ms each beside a neighbour with 2 s queued: 1 s.
+        l.learn_sample(with_peer(1000, 500, 2000));
+        assert_eq!(l.prefill_ns_per_token, 1_000_000);
+        // Beside one with 100 ms queued: 600 ms, of which the neighbour took 100.
+        let mut l = LearnedCost::default();
+        l.learn_sample(with_peer(600, 500, 100));
+        assert_eq!(l.prefill_ns_per_token, 1_000_000);
+        // Alone, as before.
+        let mut l = LearnedCost::default();
+        l.learn_sample(with_peer(500, 500, 0));
+        assert_eq!(l.prefill_ns_per_token, 1_000_000);
     }
 
     #[test]

@@ -323,6 +323,84 @@ fn queued_prefill_work_steers_cold_prompts(io: &str) {
 }
 both_drivers!(queued_prefill_work_steers_cold_prompts);
 
+/// Where cold prompts go while backend `e0` prefills a long prompt, on three engines
+/// of which `e0` and `e1` share compute when `grouped` (`compute_group`); the
+/// backends the cold prompts went to.
+fn cold_prompts_beside_a_long_prefill(io: &str, grouped: bool) -> Vec<String> {
+    let slow = |cache_blocks| EngineConfig {
+        prefill_per_token: Duration::from_millis(1),
+        cache_blocks,
+        ..EngineConfig::new("sim")
+    };
+    // e0's cache is the largest, so the first new prompt goes there (most room).
+    let engines = [
+        start_engine(io, slow(4096)),
+        start_engine(io, slow(2048)),
+        start_engine(io, slow(2048)),
+    ];
+    // The shortest wait alone decides a new prefix (no slack for cache room).
+    let mut toml = gateway_toml(
+        io,
+        1,
+        "[routing]\npolicy = \"prefix_aware\"\n[routing.prefix_aware]\nnew_prefix_slack_requests = 0",
+        &[],
+    );
+    for (i, (e, blocks)) in engines.iter().zip([4096, 2048, 2048]).enumerate() {
+        toml.push_str(&format!(
+            "\n[[backends]]\nid = \"e{i}\"\nurl = \"{}\"\nmodels = [\"sim\"]\ncache_blocks = {blocks}\n",
+            e.url()
+        ));
+        if grouped && i < 2 {
+            toml.push_str("compute_group = \"gpu0\"\n");
+        }
+    }
+    let gw = radixgate::Gateway::start(radixgate::config::Config::from_toml(&toml).unwrap())
+        .expect("gateway starts");
+    let addr = gw.local_addr();
+
+    // A long cold prompt (about 1000 tokens, 1 s of prefill) goes to e0.
+    let prefilling = std::thread::spawn(move || {
+        Client::connect(addr).post(
+            "/v1/chat/completions",
+            &cold_prompt("long", 1000, 2, false),
+            &[],
+        )
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            pending_prefill(&Client::connect(addr).get("/metrics").text(), "e0") > 500.0
+        }),
+        "the long prompt's prefill is counted on e0"
+    );
+    // Cold prompts of a few blocks each, one at a time, while e0 prefills.
+    let mut went = Vec::new();
+    for i in 0..4 {
+        let r = Client::connect(addr).post(
+            "/v1/chat/completions",
+            &cold_prompt(&format!("q{i}x"), 40, 1, false),
+            &[],
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-router-reason"), Some("no-match"));
+        went.push(r.header("x-router-backend").unwrap().to_string());
+    }
+    let long = prefilling.join().unwrap();
+    assert_eq!(long.header("x-router-backend"), Some("e0"));
+    went
+}
+
+/// `compute_group`: an idle engine whose neighbour on the same hardware is busy
+/// prefilling is not idle. Told that e0 and e1 share compute, the gateway sends
+/// every cold prompt to e2 while e0 prefills; not told, e1 and e2 look the same
+/// and take turns (new prefixes spread over the engines given the fewest lately).
+fn an_engine_whose_neighbour_prefills_is_not_idle(io: &str) {
+    let grouped = cold_prompts_beside_a_long_prefill(io, true);
+    assert!(grouped.iter().all(|b| b == "e2"), "{grouped:?}");
+    let alone = cold_prompts_beside_a_long_prefill(io, false);
+    assert!(alone.iter().any(|b| b == "e1"), "{alone:?}");
+}
+both_drivers!(an_engine_whose_neighbour_prefills_is_not_idle);
+
 /// `routing.index_touch_ms`: a prompt the pick already holds in full, seen again within
 /// the interval, is neither recorded nor replicated, on whichever shard it arrives once
 /// that shard's replica has it; the requests still follow the prefix. With 0, every

@@ -310,6 +310,10 @@ pub struct Decision {
     /// Prompt tokens the pick expected to prefill for the requests ahead of this one
     /// ([`Candidate::pending_prefill_tokens`] at the decision).
     pub pending_prefill_before: u32,
+    /// The queued work of the backends sharing the pick's compute, in ns
+    /// ([`Candidate::peer_queue_ns`] at the decision; 0 for split legs): how much of
+    /// this request's time to first token its neighbours may have taken.
+    pub peer_queue_before_ns: u64,
     /// Prompt tokens the pick is expected to prefill (its unmatched blocks): what to
     /// count in its pending prefill until the first response byte (0 for split legs).
     pub uncached_tokens: u32,
@@ -477,6 +481,7 @@ impl Router {
             matched_blocks: chosen.matched_blocks,
             in_flight_before: chosen.in_flight,
             pending_prefill_before: chosen.pending_prefill_tokens,
+            peer_queue_before_ns: chosen.peer_queue_ns,
             uncached_tokens: uncached_tokens(
                 &self.config,
                 facts.blocks.len(),
@@ -596,6 +601,7 @@ impl Router {
                 matched_blocks: matched,
                 in_flight_before: u32::MAX,
                 pending_prefill_before: 0,
+                peer_queue_before_ns: 0,
                 uncached_tokens: 0,
                 probe: fleet.breaker(backend) == BreakerState::HalfOpen,
                 alternatives,

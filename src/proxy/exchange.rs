@@ -803,6 +803,7 @@ impl Exchange<'_> {
                     uncached_tokens: prompt.saturating_sub(reported),
                     in_flight_before: route.in_flight_before,
                     pending_prefill_before: route.pending_prefill_before,
+                    peer_queue_before_ns: route.peer_queue_before_ns,
                 },
                 fixed_delay,
             );
