@@ -230,6 +230,7 @@ fn alternatives(pattern: &str, files: &Files) -> Vec<Value> {
         "backends.*.tls_server_name" => vec![json!("localhost")],
         "backends.*.models" => vec![json!(["m2"])],
         "backends.*.api_key_env" => vec![json!("PATH")],
+        "backends.*.compute_group" => vec![json!("gpu1")],
         "backends.*.capabilities" => vec![json!(["text", "image"])],
         "backends.*.role" => vec![json!("both"), json!("decode")],
         "models.*.disagg.protocol" => vec![json!("sglang")],
