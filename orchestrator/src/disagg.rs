@@ -299,6 +299,7 @@ mod tests {
             cache_free_blocks: None,
             cache_blocks: 0,
             peer_queue_ns: 0,
+            compute_group: None,
         }];
         // 15 blocks = 240 tokens < 256: local.
         assert_eq!(
@@ -325,6 +326,7 @@ mod tests {
             cache_free_blocks: None,
             cache_blocks: 0,
             peer_queue_ns: 0,
+            compute_group: None,
         }];
         assert_eq!(
             decide(&policy, &cost, &input(&WARM, 100)),
@@ -346,6 +348,7 @@ mod tests {
                 cache_free_blocks: None,
                 cache_blocks: 0,
                 peer_queue_ns: 0,
+                compute_group: None,
             },
             Candidate {
                 backend: 1,
@@ -362,6 +365,7 @@ mod tests {
                 cache_free_blocks: None,
                 cache_blocks: 0,
                 peer_queue_ns: 0,
+                compute_group: None,
             },
         ];
         assert_eq!(

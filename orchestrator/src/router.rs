@@ -774,7 +774,8 @@ impl Filter<'_> {
 }
 
 impl Filter<'_> {
-    /// Sets each candidate's [`Candidate::peer_queue_ns`]: the queues of the backends
+    /// Sets each candidate's [`Candidate::compute_group`] and
+    /// [`Candidate::peer_queue_ns`]: the queues of the backends
     /// that share its compute, priced as the cost model prices a queue
     /// ([`PrefixAware::queue_ns`]; a peer that is a candidate too with its bounded
     /// costs, any other as its state says).
@@ -797,6 +798,7 @@ impl Filter<'_> {
                 .sum();
             // Saturating: an infinite queue is the longest.
             out[i].peer_queue_ns = queued as u64;
+            out[i].compute_group = peers.iter().copied().min().map(|p| p.min(out[i].backend));
         }
     }
 }

@@ -75,6 +75,11 @@ pub struct Candidate {
     /// share it, or they are idle). While both have work each runs at a share of the
     /// hardware ([`prefix_aware::PrefixAware::sharing_ns`]).
     pub peer_queue_ns: u64,
+    /// The lowest backend index among this backend and those sharing its compute
+    /// (`None`: it shares with none): candidates with the same group run on the same
+    /// hardware, and new prefixes are spread over hardware, not over backends
+    /// ([`prefix_aware::PrefixAware::placed_on_hardware`]).
+    pub compute_group: Option<BackendIdx>,
 }
 
 // === impl Candidate ===

@@ -82,7 +82,9 @@
 //!    cost of the shortest (each candidate's learned fixed delay forgiven up to the
 //!    tie band's width of the best estimate, so that milliseconds between fixed delays
 //!    do not decide), to the one given the fewest new prefixes lately
-//!    ([`RecentPlacements`]; off with `spread_new_prefixes = false`), then the most
+//!    ([`RecentPlacements`], counted over the backends sharing its compute:
+//!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
+//!    then the most
 //!    free cache room, then the shortest wait. A backend whose recent new prefixes and
 //!    this one, grown to the size prompts lately reached, would overflow its cache has
 //!    the overflow added to its wait first ([`PrefixAware::crowding_ns`]; off with
@@ -407,6 +409,26 @@ impl PrefixAware {
         self.prefill_ns_per_token(candidate) * self.tokens_per_block * overflow
     }
 
+    /// The new prefixes placed lately ([`RecentPlacements`]) on the hardware `c` runs
+    /// on, rounded to a whole count: its own, and where it shares its compute
+    /// (`compute_group`), those of every candidate in its group too. Two engines on
+    /// one core serve together what one engine alone on a core serves, and counted
+    /// each as one, a core shared by two took two new conversations for every one
+    /// the other core took, whose turns then queued behind each other there
+    /// (`radixgate-bench real`, multiturn, concurrency 8).
+    pub fn placed_on_hardware(&self, candidates: &[Candidate], c: &Candidate) -> u32 {
+        let recent = |d: &Candidate| self.recent_new_prefixes.recent(d.backend);
+        let placed = match c.compute_group {
+            None => recent(c),
+            Some(group) => candidates
+                .iter()
+                .filter(|d| d.compute_group == Some(group))
+                .map(recent)
+                .sum(),
+        };
+        placed.round() as u32
+    }
+
     /// What a new prefix is expected to add to a cache once grown, in blocks: the
     /// size of the large prompts seen lately ([`PromptSizes::large`]) less the
     /// `shared` blocks every candidate holds already.
@@ -587,7 +609,7 @@ impl RoutingPolicy for PrefixAware {
                 let close =
                     wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
                 let placed = if self.spread_new_prefixes {
-                    self.recent_new_prefixes.placed(c.backend)
+                    self.placed_on_hardware(candidates, c)
                 } else {
                     0
                 };

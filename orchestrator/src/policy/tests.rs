@@ -109,6 +109,7 @@ fn candidate_new_leaves_the_extras_unknown() {
             cache_free_blocks: None,
             cache_blocks: 0,
             peer_queue_ns: 0,
+            compute_group: None,
         }
     );
 }

@@ -1215,3 +1215,37 @@ fn a_new_prefix_skips_an_idle_engine_whose_neighbour_is_busy() {
     let mut p = PrefixAware::new(&configured);
     assert_eq!(pick(&mut p, &alone, 20), picked(0, Reason::NoMatch));
 }
+
+#[test]
+fn new_prefixes_spread_over_hardware_not_over_backends() {
+    // Three idle engines with equal room; 0 and 2 share a core. Counted per backend,
+    // eight new conversations spread 3/3/2 and the shared core took five or six;
+    // counted per core, each core takes four.
+    let mut p = by_count();
+    let mut placed = [0u32; 3];
+    let mut free = [1_000u32; 3];
+    for seed in 0..8 {
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| Candidate {
+                cache_free_blocks: Some(free[b]),
+                compute_group: (b != 1).then_some(0),
+                ..c(b, 0, 0)
+            })
+            .collect();
+        let b = pick_seeded(&mut p, &cands, 7, seed).backend;
+        placed[b] += 1;
+        free[b] -= 7;
+    }
+    assert_eq!(placed[0] + placed[2], 4, "{placed:?}");
+    assert_eq!(placed[1], 4, "{placed:?}");
+    assert!(placed[0] == 2 && placed[2] == 2, "{placed:?}");
+}
+
+/// [`defaults`] with the footprint unpriced, so only the placement count and room
+/// decide a new prefix.
+fn by_count() -> PrefixAware {
+    PrefixAware::new(&PrefixAwareConfig {
+        price_footprint: false,
+        ..base()
+    })
+}
