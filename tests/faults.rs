@@ -116,13 +116,24 @@ fn storm_of_503_opens_breaker_then_recovers(io: &str) {
         Some(2.0),
         "{m}"
     );
-    // Only the failures before the breaker opened reached the bad backend: the
-    // threshold's 3, plus at most a request or two routed while the coordinator's
-    // "open" snapshot was on its way to the shard.
+    // The threshold's 3 failures reached the bad backend, plus those routed while
+    // the coordinator's "open" snapshot was on its way to the shard (a few on a
+    // loaded host); once the shard has it, none.
     let failures = metric(&m, "radixgate_retries_total{backend=\"bad\"}").unwrap();
     assert!(
-        (3.0..=5.0).contains(&failures),
+        (3.0..20.0).contains(&failures),
         "{failures} failures reached it:\n{m}"
+    );
+    for i in 40..80 {
+        let r = c.post("/v1/chat/completions", &body(i), &[]);
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.header("x-router-backend"), Some("good"));
+    }
+    let m = c.get("/metrics").text();
+    assert_eq!(
+        metric(&m, "radixgate_retries_total{backend=\"bad\"}"),
+        Some(failures),
+        "no request reached the open breaker's backend:\n{m}"
     );
 
     // The backend comes back (same address); after open_ms a probe closes the breaker.

@@ -239,6 +239,29 @@ fn pending_prefill(m: &str, backend: &str) -> f64 {
     .unwrap_or(-1.0)
 }
 
+/// Sends a long cold prompt (about 1000 tokens: 1 s of prefill on an engine at 1 ms
+/// a token) from another thread, and waits until the gateway counts its prefill as
+/// pending on `backend`, where it must have gone.
+fn start_long_prefill(
+    addr: std::net::SocketAddr,
+    backend: &str,
+) -> std::thread::JoinHandle<Response> {
+    let prefilling = std::thread::spawn(move || {
+        Client::connect(addr).post(
+            "/v1/chat/completions",
+            &cold_prompt("long", 1000, 2, false),
+            &[],
+        )
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            pending_prefill(&Client::connect(addr).get("/metrics").text(), backend) > 500.0
+        }),
+        "the long prompt's prefill is counted on {backend}"
+    );
+    prefilling
+}
+
 /// `prefix_aware` counts the prefill queued on each backend, not just its requests:
 /// with one request in flight on each of two backends — one decoding a long answer,
 /// one still prefilling a long cold prompt — new cold prompts go to the first. A
@@ -282,19 +305,7 @@ fn queued_prefill_work_steers_cold_prompts(io: &str) {
     }));
 
     // A long cold prompt (about 1000 tokens, 1 s of prefill) goes to the idle backend.
-    let prefilling = std::thread::spawn(move || {
-        Client::connect(addr).post(
-            "/v1/chat/completions",
-            &cold_prompt("long", 1000, 2, false),
-            &[],
-        )
-    });
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            pending_prefill(&Client::connect(addr).get("/metrics").text(), other) > 500.0
-        }),
-        "the long prompt's prefill is counted on {other}"
-    );
+    let prefilling = start_long_prefill(addr, other);
 
     // One request in flight on each; new cold prompts all go where no prefill waits.
     for i in 0..8 {
@@ -359,19 +370,7 @@ fn cold_prompts_beside_a_long_prefill(io: &str, grouped: bool) -> Vec<String> {
     let addr = gw.local_addr();
 
     // A long cold prompt (about 1000 tokens, 1 s of prefill) goes to e0.
-    let prefilling = std::thread::spawn(move || {
-        Client::connect(addr).post(
-            "/v1/chat/completions",
-            &cold_prompt("long", 1000, 2, false),
-            &[],
-        )
-    });
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            pending_prefill(&Client::connect(addr).get("/metrics").text(), "e0") > 500.0
-        }),
-        "the long prompt's prefill is counted on e0"
-    );
+    let prefilling = start_long_prefill(addr, "e0");
     // Cold prompts of a few blocks each, one at a time, while e0 prefills.
     let mut went = Vec::new();
     for i in 0..4 {

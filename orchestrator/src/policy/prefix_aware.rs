@@ -77,17 +77,18 @@
 //! 2. when the prompt is a new prefix (its longest match is shorter than
 //!    `min_match_blocks`, or every candidate holds that much of it, as with a system
 //!    prompt all engines hold, and the prompt goes on at least `min_match_blocks`
-//!    beyond it): among those whose wait (the first three terms above) is within
+//!    beyond it): among those whose wait (the first three terms above, and the
+//!    sharing line over the wait and the prompt's prefill) is within
 //!    `new_prefix_slack_requests` (default [`NEW_PREFIX_SLACK_REQUESTS`]) requests'
 //!    cost of the shortest (each candidate's learned fixed delay forgiven up to the
 //!    tie band's width of the best estimate, so that milliseconds between fixed delays
 //!    do not decide), to the one given the fewest new prefixes lately
 //!    ([`RecentPlacements`], counted over the backends sharing its compute:
 //!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
-//!    then the most
-//!    free cache room, then the shortest wait. A backend whose recent new prefixes and
-//!    this one, grown to the size prompts lately reached, would overflow its cache has
-//!    the overflow added to its wait first ([`PrefixAware::crowding_ns`]; off with
+//!    then the most free cache room, then the shortest wait. A backend whose recent
+//!    new prefixes and this one, grown to the size prompts lately reached, would
+//!    overflow its cache has the overflow added to its wait first
+//!    ([`PrefixAware::crowding_ns`]; off with
 //!    `price_footprint = false`). [`Reason::NoMatch`] when nothing matched,
 //!    [`Reason::LongestPrefix`] when every candidate holds a useful match, else
 //!    [`Reason::FallbackLeastLoaded`];
@@ -412,9 +413,9 @@ impl PrefixAware {
     /// The new prefixes placed lately ([`RecentPlacements`]) on the hardware `c` runs
     /// on, rounded to a whole count: its own, and where it shares its compute
     /// (`compute_group`), those of every candidate in its group too. Two engines on
-    /// one core serve together what one engine alone on a core serves, and counted
-    /// each as one, a core shared by two took two new conversations for every one
-    /// the other core took, whose turns then queued behind each other there
+    /// one core serve together what one engine alone on a core serves; counted each
+    /// as one, the core shared by two of three engines took five or six of eight new
+    /// conversations, whose turns then queued behind each other there
     /// (`radixgate-bench real`, multiturn, concurrency 8).
     pub fn placed_on_hardware(&self, candidates: &[Candidate], c: &Candidate) -> u32 {
         let recent = |d: &Candidate| self.recent_new_prefixes.recent(d.backend);
