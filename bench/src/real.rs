@@ -82,7 +82,7 @@ pub struct RealConfig {
 
 impl RealConfig {
     /// Engine i's cores: its entry of `engine_cores`, or core i mod the host's CPUs.
-    pub fn engine_core(&self, i: usize) -> String {
+    fn engine_core(&self, i: usize) -> String {
         match self.engine_cores.len() {
             0 => {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

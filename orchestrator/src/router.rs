@@ -771,9 +771,7 @@ impl Filter<'_> {
         }
         Ok(())
     }
-}
 
-impl Filter<'_> {
     /// Sets each candidate's [`Candidate::compute_group`] and
     /// [`Candidate::peer_queue_ns`]: the queues of the backends
     /// that share its compute, priced as the cost model prices a queue

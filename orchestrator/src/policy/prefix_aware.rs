@@ -418,16 +418,16 @@ impl PrefixAware {
     /// conversations, whose turns then queued behind each other there
     /// (`radixgate-bench real`, multiturn, concurrency 8).
     pub fn placed_on_hardware(&self, candidates: &[Candidate], c: &Candidate) -> u32 {
-        let recent = |d: &Candidate| self.recent_new_prefixes.recent(d.backend);
-        let placed = match c.compute_group {
-            None => recent(c),
-            Some(group) => candidates
-                .iter()
-                .filter(|d| d.compute_group == Some(group))
-                .map(recent)
-                .sum(),
-        };
-        placed.round() as u32
+        let recent = &self.recent_new_prefixes;
+        match c.compute_group {
+            None => recent.placed(c.backend),
+            Some(group) => recent.placed_on(
+                candidates
+                    .iter()
+                    .filter(|d| d.compute_group == Some(group))
+                    .map(|d| d.backend),
+            ),
+        }
     }
 
     /// What a new prefix is expected to add to a cache once grown, in blocks: the
@@ -698,7 +698,12 @@ pub const NEW_PREFIX_MEMORY: f32 = 15.0 / 16.0;
 impl RecentPlacements {
     /// The backend's recent new prefixes, rounded to a whole count.
     pub fn placed(&self, backend: BackendIdx) -> u32 {
-        self.recent(backend).round() as u32
+        self.placed_on(std::iter::once(backend))
+    }
+
+    /// The recent new prefixes of `backends` together, rounded to a whole count.
+    pub fn placed_on(&self, backends: impl Iterator<Item = BackendIdx>) -> u32 {
+        backends.map(|b| self.recent(b)).sum::<f32>().round() as u32
     }
 
     /// The backend's recent new prefixes, unrounded.
