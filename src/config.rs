@@ -400,6 +400,9 @@ struct PrefixAwareWire {
     /// backend's cache capacity and its recent new prefixes (false: at its size now,
     /// the ablation).
     price_footprint: bool,
+    /// Count a match only as far as it fits in the engine's cache beside the
+    /// prompts of the requests in flight there (false: whole, the ablation).
+    price_cache_in_use: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -418,6 +421,7 @@ impl Default for PrefixAwareWire {
             room_stale_after_ms: d.room_stale_after_ms,
             spread_new_prefixes: d.spread_new_prefixes,
             price_footprint: d.price_footprint,
+            price_cache_in_use: d.price_cache_in_use,
         }
     }
 }
@@ -1387,6 +1391,7 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         room_stale_after_ms: p.room_stale_after_ms,
         spread_new_prefixes: p.spread_new_prefixes,
         price_footprint: p.price_footprint,
+        price_cache_in_use: p.price_cache_in_use,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1890,6 +1895,13 @@ mod tests {
         assert!(routing("").unwrap().routing.prefix_aware.price_footprint);
         let off = routing("[routing.prefix_aware]\nprice_footprint = false").unwrap();
         assert!(!off.routing.prefix_aware.price_footprint);
+    }
+
+    #[test]
+    fn price_cache_in_use_is_read() {
+        assert!(routing("").unwrap().routing.prefix_aware.price_cache_in_use);
+        let off = routing("[routing.prefix_aware]\nprice_cache_in_use = false").unwrap();
+        assert!(!off.routing.prefix_aware.price_cache_in_use);
     }
 
     #[test]

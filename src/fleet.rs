@@ -5,8 +5,10 @@
 //! update: the backend table and live settings ([`LiveConfig`]) travel inside them,
 //! next to each slot's health, breaker, drain state and engine load, and the LoRA
 //! adapters learned from the engines ([`AdapterTable`]). In-flight counts are the one piece of fleet state written on the request
-//! path; each shard writes only its own padded slots (one writer per cache line, so
-//! plain relaxed load+store with no locked instruction), and readers sum the rows.
+//! path: per backend, the requests in flight and their prompts' blocks (what the
+//! engine must keep in its cache for them while they run). Each shard writes only its
+//! own padded slots (one writer per cache line, so plain relaxed load+store with no
+//! locked instruction), and readers sum the rows.
 //! Relaxed ordering is enough: the sum is a load estimate for balancing, nothing
 //! synchronises through it, and a momentarily stale count only skews one pick.
 
@@ -60,13 +62,17 @@ impl FleetSnapshot {
     }
 }
 
+/// One shard's counts for one backend, alone on its cache line.
 #[repr(align(64))]
 #[derive(Default)]
-struct PaddedCounter(AtomicU32);
+struct Slot {
+    requests: AtomicU32,
+    prompt_blocks: AtomicU32,
+}
 
 pub struct InFlight {
     /// `rows[shard][backend]`, then (in cluster mode) one row for the peers.
-    rows: Box<[Box<[PaddedCounter]>]>,
+    rows: Box<[Box<[Slot]>]>,
     /// Rows written by this replica's shards (the rest is the peers' row).
     local_rows: usize,
 }
@@ -84,50 +90,56 @@ impl InFlight {
 
     fn with_rows(rows: usize, local_rows: usize, backends: usize) -> Self {
         let rows = (0..rows)
-            .map(|_| (0..backends).map(|_| PaddedCounter::default()).collect())
+            .map(|_| (0..backends).map(|_| Slot::default()).collect())
             .collect();
         Self { rows, local_rows }
     }
 
-    /// Called only by `shard` itself (single writer per slot).
-    pub fn increment(&self, shard: usize, backend: usize) {
-        self.add(shard, backend, 1);
+    /// Counts a request with `prompt_blocks` blocks. Called only by `shard` itself
+    /// (single writer per slot).
+    pub fn enter(&self, shard: usize, backend: usize, prompt_blocks: u32) {
+        let slot = &self.rows[shard][backend];
+        add(&slot.requests, 1);
+        add(&slot.prompt_blocks, prompt_blocks);
     }
 
-    /// Called only by `shard` itself (single writer per slot).
-    pub fn decrement(&self, shard: usize, backend: usize) {
-        self.sub(shard, backend, 1);
-    }
-
-    /// Called only by `shard` itself (single writer per slot).
-    pub fn add(&self, shard: usize, backend: usize, n: u32) {
-        let c = &self.rows[shard][backend].0;
-        c.store(
-            c.load(Ordering::Relaxed).saturating_add(n),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Called only by `shard` itself (single writer per slot).
-    pub fn sub(&self, shard: usize, backend: usize, n: u32) {
-        let c = &self.rows[shard][backend].0;
-        c.store(
-            c.load(Ordering::Relaxed).saturating_sub(n),
-            Ordering::Relaxed,
-        );
+    /// Uncounts what [`Self::enter`] counted. Called only by `shard` itself.
+    pub fn leave(&self, shard: usize, backend: usize, prompt_blocks: u32) {
+        let slot = &self.rows[shard][backend];
+        sub(&slot.requests, 1);
+        sub(&slot.prompt_blocks, prompt_blocks);
     }
 
     /// The count of one shard for one backend.
     pub fn get(&self, shard: usize, backend: usize) -> u32 {
-        self.rows[shard][backend].0.load(Ordering::Relaxed)
+        self.rows[shard][backend].requests.load(Ordering::Relaxed)
     }
 
     /// The count for `backend` summed over all shards, and the peers in cluster mode.
     pub fn total(&self, backend: usize) -> u32 {
         self.rows
             .iter()
-            .map(|row| row[backend].0.load(Ordering::Relaxed))
+            .map(|row| row[backend].requests.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The prompt blocks of the requests in flight to `backend`: this replica's,
+    /// summed over its shards, and in cluster mode the peers' requests (which report
+    /// a count, not their prompts) at the mean prompt of this replica's own.
+    pub fn prompt_blocks(&self, backend: usize) -> u32 {
+        let (mut requests, mut blocks) = (0u32, 0u32);
+        for row in &self.rows[..self.local_rows] {
+            let slot = &row[backend];
+            requests = requests.saturating_add(slot.requests.load(Ordering::Relaxed));
+            blocks = blocks.saturating_add(slot.prompt_blocks.load(Ordering::Relaxed));
+        }
+        match (self.peers(backend), requests) {
+            (0, _) | (_, 0) => blocks,
+            (peers, _) => {
+                let theirs = u64::from(blocks) * u64::from(peers) / u64::from(requests);
+                blocks.saturating_add(u32::try_from(theirs).unwrap_or(u32::MAX))
+            }
+        }
     }
 
     /// The count for `backend` over this replica's shards only (what it reports to
@@ -135,7 +147,7 @@ impl InFlight {
     pub fn local_total(&self, backend: usize) -> u32 {
         self.rows[..self.local_rows]
             .iter()
-            .map(|row| row[backend].0.load(Ordering::Relaxed))
+            .map(|row| row[backend].requests.load(Ordering::Relaxed))
             .sum()
     }
 
@@ -143,50 +155,61 @@ impl InFlight {
     pub fn peers(&self, backend: usize) -> u32 {
         self.rows
             .get(self.local_rows)
-            .map_or(0, |row| row[backend].0.load(Ordering::Relaxed))
+            .map_or(0, |row| row[backend].requests.load(Ordering::Relaxed))
     }
 
     /// Sets the peers' count for `backend` (cluster thread only; no-op without the
     /// peers' row).
     pub fn set_peers(&self, backend: usize, n: u32) {
         if let Some(row) = self.rows.get(self.local_rows) {
-            row[backend].0.store(n, Ordering::Relaxed);
+            row[backend].requests.store(n, Ordering::Relaxed);
         }
     }
 }
 
-/// Decrements the in-flight slot when the request ends, however it ends (including
-/// a client that disconnects and drops the request's future).
+/// Uncounts a request in flight when it ends, however it ends (including a client
+/// that disconnects and drops the request's future).
 pub struct InFlightGuard<'a> {
     counters: &'a InFlight,
     shard: usize,
     backend: usize,
-    amount: u32,
+    prompt_blocks: u32,
 }
 
 impl<'a> InFlightGuard<'a> {
-    /// Counts one request.
-    pub fn enter(counters: &'a InFlight, shard: usize, backend: usize) -> Self {
-        Self::add(counters, shard, backend, 1)
-    }
-
-    /// Counts `amount` (a request's predicted uncached prompt tokens, for the pending
-    /// prefill counters) until dropped.
-    pub fn add(counters: &'a InFlight, shard: usize, backend: usize, amount: u32) -> Self {
-        counters.add(shard, backend, amount);
+    /// Counts one request to `backend` with `prompt_blocks` blocks of prompt
+    /// ([`radixgate_orchestrator::Decision::prompt_blocks`]) until dropped.
+    pub fn enter(counters: &'a InFlight, shard: usize, backend: usize, prompt_blocks: u32) -> Self {
+        counters.enter(shard, backend, prompt_blocks);
         Self {
             counters,
             shard,
             backend,
-            amount,
+            prompt_blocks,
         }
     }
 }
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        self.counters.sub(self.shard, self.backend, self.amount);
+        self.counters
+            .leave(self.shard, self.backend, self.prompt_blocks);
     }
+}
+
+/// Single-writer add: a relaxed load and store, no locked instruction.
+fn add(counter: &AtomicU32, n: u32) {
+    counter.store(
+        counter.load(Ordering::Relaxed).saturating_add(n),
+        Ordering::Relaxed,
+    );
+}
+
+fn sub(counter: &AtomicU32, n: u32) {
+    counter.store(
+        counter.load(Ordering::Relaxed).saturating_sub(n),
+        Ordering::Relaxed,
+    );
 }
 
 #[cfg(test)]
@@ -197,26 +220,23 @@ mod tests {
     fn sums_rows_and_guard_releases() {
         let f = InFlight::new(2, 3);
         {
-            let _a = InFlightGuard::enter(&f, 0, 1);
-            let _b = InFlightGuard::enter(&f, 1, 1);
+            let _a = InFlightGuard::enter(&f, 0, 1, 300);
+            let _b = InFlightGuard::enter(&f, 1, 1, 45);
             assert_eq!(f.total(1), 2);
-            assert_eq!(f.total(0), 0);
+            assert_eq!(f.prompt_blocks(1), 345);
+            assert_eq!((f.total(0), f.prompt_blocks(0)), (0, 0));
         }
-        assert_eq!(f.total(1), 0);
-        {
-            let _a = InFlightGuard::add(&f, 0, 2, 300);
-            let _b = InFlightGuard::add(&f, 1, 2, 45);
-            assert_eq!(f.total(2), 345);
-        }
-        assert_eq!(f.total(2), 0);
+        assert_eq!((f.total(1), f.prompt_blocks(1)), (0, 0));
     }
 
     #[test]
     fn the_peers_row_counts_in_the_total_not_in_the_local_total() {
         let f = InFlight::with_peers(2, 3);
-        let _a = InFlightGuard::enter(&f, 1, 2);
+        let _a = InFlightGuard::enter(&f, 1, 2, 7);
         f.set_peers(2, 5);
         assert_eq!((f.total(2), f.local_total(2), f.peers(2)), (6, 1, 5));
+        // The peers' five requests count at this replica's mean prompt (7 blocks).
+        assert_eq!(f.prompt_blocks(2), 42);
         f.set_peers(2, 0);
         assert_eq!(f.total(2), 1);
         // Without the row, setting the peers' count does nothing.

@@ -400,6 +400,129 @@ fn an_engine_whose_neighbour_prefills_is_not_idle(io: &str) {
 }
 both_drivers!(an_engine_whose_neighbour_prefills_is_not_idle);
 
+/// A chat body for `model` whose prompt is `n` words of six bytes (about 10 per
+/// 64-byte block) tagged `tag`: a longer one with the same tag continues a shorter.
+fn words_prompt(model: &str, tag: char, n: usize, max_tokens: u32, stream: bool) -> String {
+    let text: String = (0..n).map(|i| format!("{tag}{i:04} ")).collect();
+    format!(
+        r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    )
+}
+
+/// Where a follow-up goes whose prefix its holder `e0` has cached (23 of its 51
+/// blocks) while two long answers of 26-block prompts stream from `e0` (80-block
+/// cache): together they need 103 blocks. `e1` (64 blocks) is idle. Both engines
+/// prefill at 0.5 ms a token (what the gateway assumes until it learns), eviction is
+/// not priced (the term under test alone).
+fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
+    // Only e0 serves the adapter `filler`, which the streams use to go there.
+    let engine = |cache_blocks, loras: &[&str]| EngineConfig {
+        prefill_per_token: Duration::from_micros(500),
+        decode_per_token: Duration::from_millis(20),
+        cache_blocks,
+        loras: loras.iter().map(|l| l.to_string()).collect(),
+        ..EngineConfig::new("sim")
+    };
+    let engines = [
+        start_engine(io, engine(80, &["filler"])),
+        start_engine(io, engine(64, &[])),
+    ];
+    let mut toml = gateway_toml(
+        io,
+        1,
+        &format!(
+            "[routing]\npolicy = \"prefix_aware\"\n[routing.prefix_aware]\n\
+             prefill_us_per_token = 500\neviction_weight = 0.0\nprice_cache_in_use = {priced}"
+        ),
+        &[],
+    );
+    for (i, (e, blocks)) in engines.iter().zip([80, 64]).enumerate() {
+        toml.push_str(&format!(
+            "\n[[backends]]\nid = \"e{i}\"\nurl = \"{}\"\nmodels = [\"sim\"]\ncache_blocks = {blocks}\n",
+            e.url()
+        ));
+    }
+    let gw = radixgate::Gateway::start(radixgate::config::Config::from_toml(&toml).unwrap())
+        .expect("gateway starts");
+    let addr = gw.local_addr();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            Client::connect(addr)
+                .get("/v1/models")
+                .text()
+                .contains("\"filler\"")
+        }),
+        "the gateway learns e0's adapter"
+    );
+
+    // The conversation's first turn: a new prefix, placed on e0 (most room).
+    let first = Client::connect(addr).post(
+        "/v1/chat/completions",
+        &words_prompt("sim", 'p', 250, 1, false),
+        &[],
+    );
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-router-backend"), Some("e0"));
+
+    // Two long answers from e0 (only it has `filler`), their prefills done.
+    let mut streams = Vec::new();
+    for tag in ['f', 'g'] {
+        let mut c = Client::connect(addr);
+        c.send(&post_bytes(
+            "/v1/chat/completions",
+            &words_prompt("filler", tag, 280, 100, true),
+            &[],
+        ));
+        let (status, headers) = c.read_head();
+        assert_eq!(status, 200);
+        assert!(headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case("x-router-backend") && v == "e0"));
+        streams.push(c);
+    }
+    assert!(eventually(Duration::from_secs(5), || {
+        pending_prefill(&Client::connect(addr).get("/metrics").text(), "e0") == 0.0
+    }));
+
+    let follow_up = Client::connect(addr).post(
+        "/v1/chat/completions",
+        &words_prompt("sim", 'p', 550, 1, false),
+        &[],
+    );
+    assert_eq!(follow_up.status, 200);
+    drop(streams);
+    follow_up
+}
+
+/// `price_cache_in_use`: an engine cannot evict the blocks of the requests it runs,
+/// so a cached prefix that does not fit beside them and its own prompt is evicted
+/// before its turn. Counted whole, the match keeps the follow-up on its holder
+/// behind the two streams; priced, the holder would prefill the whole prompt after
+/// them, and the idle engine is sooner.
+fn a_prefix_the_work_in_flight_would_evict_is_not_waited_for(io: &str) {
+    let whole = follow_up_beside_a_busy_cache(io, false);
+    assert_eq!(
+        whole.header("x-router-backend"),
+        Some("e0"),
+        "{:?}",
+        whole.headers
+    );
+    assert_eq!(whole.header("x-router-reason"), Some("longest-prefix"));
+    let matched: u32 = whole
+        .header("x-router-match-blocks")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((20..=24).contains(&matched), "{matched}");
+    let priced = follow_up_beside_a_busy_cache(io, true);
+    assert_eq!(priced.header("x-router-backend"), Some("e1"));
+    assert_eq!(
+        priced.header("x-router-reason"),
+        Some("fallback-least-loaded")
+    );
+}
+both_drivers!(a_prefix_the_work_in_flight_would_evict_is_not_waited_for);
+
 /// `routing.index_touch_ms`: a prompt the pick already holds in full, seen again within
 /// the interval, is neither recorded nor replicated, on whichever shard it arrives once
 /// that shard's replica has it; the requests still follow the prefix. With 0, every

@@ -216,7 +216,9 @@ struct RealArgs {
     /// by cache room alone, `prefix_aware_no_footprint` one that prices a new prefix
     /// at its size now, not at what prompts lately grew to,
     /// `prefix_aware_no_shared_compute` one not told which engines share a core (no
-    /// `compute_group`; the others are) (the ablations).
+    /// `compute_group`; the others are), `prefix_aware_no_cache_in_use` one that
+    /// counts a cached prefix whole however much of its engine's cache the requests
+    /// in flight there hold (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -129,6 +129,10 @@ pub const NO_FOOTPRINT: &str = "prefix_aware_no_footprint";
 /// The policy name that selects prefix_aware on a gateway that is not told which
 /// engines share a core (no `backends[].compute_group`): an ablation.
 pub const NO_SHARED_COMPUTE: &str = "prefix_aware_no_shared_compute";
+/// The policy name that selects prefix_aware on a gateway that counts a match whole
+/// however much of the engine's cache the requests in flight hold
+/// (`routing.prefix_aware.price_cache_in_use = false`): an ablation.
+pub const NO_CACHE_IN_USE: &str = "prefix_aware_no_cache_in_use";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -153,6 +157,8 @@ enum Variant {
     NoFootprint,
     /// Bytes mode without the engines' compute groups.
     NoSharedCompute,
+    /// Bytes mode with a match counted whole however busy its engine's cache.
+    NoCacheInUse,
 }
 
 impl Variant {
@@ -168,6 +174,7 @@ impl Variant {
             ROOM_FIRST => (Variant::RoomFirst, "prefix_aware"),
             NO_FOOTPRINT => (Variant::NoFootprint, "prefix_aware"),
             NO_SHARED_COMPUTE => (Variant::NoSharedCompute, "prefix_aware"),
+            NO_CACHE_IN_USE => (Variant::NoCacheInUse, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -184,6 +191,7 @@ impl Variant {
             Variant::RoomFirst => "room-first",
             Variant::NoFootprint => "no-footprint",
             Variant::NoSharedCompute => "no-shared-compute",
+            Variant::NoCacheInUse => "no-cache-in-use",
         }
     }
 }
@@ -611,6 +619,9 @@ impl Gateway {
             }
             Variant::NoFootprint => {
                 toml.push_str("\n[routing.prefix_aware]\nprice_footprint = false\n")
+            }
+            Variant::NoCacheInUse => {
+                toml.push_str("\n[routing.prefix_aware]\nprice_cache_in_use = false\n")
             }
             Variant::Bytes | Variant::Precise | Variant::NoSharedCompute => {}
         }

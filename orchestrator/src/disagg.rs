@@ -300,6 +300,8 @@ mod tests {
             cache_blocks: 0,
             peer_queue_ns: 0,
             compute_group: None,
+            in_flight_blocks: 0,
+            engine_used_blocks: None,
         }];
         // 15 blocks = 240 tokens < 256: local.
         assert_eq!(
@@ -327,6 +329,8 @@ mod tests {
             cache_blocks: 0,
             peer_queue_ns: 0,
             compute_group: None,
+            in_flight_blocks: 0,
+            engine_used_blocks: None,
         }];
         assert_eq!(
             decide(&policy, &cost, &input(&WARM, 100)),
@@ -349,6 +353,8 @@ mod tests {
                 cache_blocks: 0,
                 peer_queue_ns: 0,
                 compute_group: None,
+                in_flight_blocks: 0,
+                engine_used_blocks: None,
             },
             Candidate {
                 backend: 1,
@@ -366,6 +372,8 @@ mod tests {
                 cache_blocks: 0,
                 peer_queue_ns: 0,
                 compute_group: None,
+                in_flight_blocks: 0,
+                engine_used_blocks: None,
             },
         ];
         assert_eq!(

@@ -113,6 +113,8 @@ pub struct BackendState {
     pub probes_in_flight: u32,
     /// Requests in flight to it, across every router that reports them.
     pub in_flight: u32,
+    /// See [`Candidate::in_flight_blocks`].
+    pub in_flight_blocks: u32,
     /// The engine's waiting and running requests and KV usage (0–1) as last scraped
     /// (0 when unknown).
     pub engine_waiting: u32,
@@ -304,6 +306,9 @@ pub struct Decision {
     pub pick: Pick,
     /// Leading prompt blocks the pick held, per the replica.
     pub matched_blocks: u32,
+    /// The prompt's blocks: what to count in the pick's in-flight prompt blocks
+    /// ([`Candidate::in_flight_blocks`]) while the request runs.
+    pub prompt_blocks: u32,
     /// In-flight requests on the pick before this one (`u32::MAX` for a split leg,
     /// whose time is not a whole request's prefill and must not be learned from).
     pub in_flight_before: u32,
@@ -479,13 +484,15 @@ impl Router {
         let mut decision = Decision {
             pick,
             matched_blocks: chosen.matched_blocks,
+            prompt_blocks: facts.blocks.len() as u32,
             in_flight_before: chosen.in_flight,
             pending_prefill_before: chosen.pending_prefill_tokens,
             peer_queue_before_ns: chosen.peer_queue_ns,
             uncached_tokens: uncached_tokens(
                 &self.config,
                 facts.blocks.len(),
-                chosen.matched_blocks,
+                self.cost_model
+                    .kept_blocks(&chosen, facts.blocks.len() as u32),
             ),
             probe: fleet.breaker(pick.backend) == BreakerState::HalfOpen,
             alternatives,
@@ -599,6 +606,7 @@ impl Router {
                     reason: Reason::DisaggSplit,
                 },
                 matched_blocks: matched,
+                prompt_blocks: facts.blocks.len() as u32,
                 in_flight_before: u32::MAX,
                 pending_prefill_before: 0,
                 peer_queue_before_ns: 0,
@@ -751,12 +759,16 @@ impl Filter<'_> {
                 && self.pool.admits(state.role)
             {
                 let matched_blocks = matches.matched.get(b).copied().unwrap_or(0);
+                let cache_blocks = u32::try_from(replica.index.capacity(b)).unwrap_or(u32::MAX);
                 out.push(Candidate {
                     matched_blocks,
                     session_home: self.session_home == Some(b),
                     uncached_media_tokens: facts.media.uncached_tokens(matched_blocks),
                     cache_free_blocks: free_blocks(&replica.index, b, self.stale_before),
-                    cache_blocks: u32::try_from(replica.index.capacity(b)).unwrap_or(u32::MAX),
+                    cache_blocks,
+                    engine_used_blocks: (state.engine_kv_usage > 0.0).then(|| {
+                        (f64::from(state.engine_kv_usage) * f64::from(cache_blocks)) as u32
+                    }),
                     ..queue_of(b, &state)
                 });
             }
@@ -807,6 +819,7 @@ fn queue_of(b: BackendIdx, state: &BackendState) -> Candidate {
     Candidate {
         backend: b,
         in_flight: state.in_flight,
+        in_flight_blocks: state.in_flight_blocks,
         engine_waiting: state.engine_waiting,
         pending_prefill_tokens: state.pending_prefill_tokens,
         prefill_progress_ns: state.prefill_progress_ns,

@@ -122,6 +122,7 @@ pub const KEYS: &[Key] = &[
     live("routing.prefix_aware.room_stale_after_ms"),
     live("routing.prefix_aware.spread_new_prefixes"),
     live("routing.prefix_aware.price_footprint"),
+    live("routing.prefix_aware.price_cache_in_use"),
     live("routing.rag_field"),
     live("routing.rag_chunk_weight"),
     restart("routing.rag_max_chunks"),

@@ -108,7 +108,12 @@ pub async fn call(
         .observe(started.elapsed());
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, &route);
-    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let _in_flight = InFlightGuard::enter(
+        &shard.shared.in_flight,
+        shard.id,
+        backend,
+        route.prompt_blocks,
+    );
     let path = match endpoint {
         Endpoint::ChatCompletions => "/v1/chat/completions",
         Endpoint::Completions => "/v1/completions",

@@ -458,7 +458,12 @@ pub(super) async fn resume(
         );
         let span = crate::trace::start_child(&TraceContext::of(req.head));
         let _probe = ProbeGuard::enter(shard, &decision);
-        let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+        let _in_flight = InFlightGuard::enter(
+            &shard.shared.in_flight,
+            shard.id,
+            backend,
+            decision.prompt_blocks,
+        );
         let mut exchange = Exchange {
             pending_prefill: Some(shard.shared.pending_prefill.enter(
                 shard.id,

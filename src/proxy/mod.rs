@@ -589,7 +589,8 @@ async fn attempt_all(
             crate::trace::emit(shard, span);
         }
         let probe = ProbeGuard::enter(shard, &route);
-        let in_flight = InFlightGuard::enter(&shared.in_flight, shard.id, backend);
+        let in_flight =
+            InFlightGuard::enter(&shared.in_flight, shard.id, backend, route.prompt_blocks);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
         // A retry routes the same prompt: keep its blocks before the attempt's awaits
         // let other requests reuse the shard's scratch (routing copied them only if it

@@ -81,6 +81,7 @@ impl FleetView for ShardFleet<'_> {
             draining: snapshot.draining[b],
             probes_in_flight: local.probes,
             in_flight: self.in_flight.total(b),
+            in_flight_blocks: self.in_flight.prompt_blocks(b),
             engine_waiting: engine.map_or(0, |e| e.waiting),
             engine_running: engine.map_or(0, |e| e.running),
             engine_kv_usage: engine.map_or(0.0, |e| e.kv_usage),

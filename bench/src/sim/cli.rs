@@ -234,6 +234,11 @@ pub struct SimArgs {
     /// lately reached (PrefixAwareConfig::price_footprint = false, the ablation).
     #[arg(long)]
     pub no_price_footprint: bool,
+    /// prefix_aware: count a match whole however much of the engine's cache the
+    /// requests in flight hold (PrefixAwareConfig::price_cache_in_use = false, the
+    /// ablation).
+    #[arg(long)]
+    pub no_price_cache_in_use: bool,
     /// The router's `routing.index_touch_ms` (the gateway's default): a prompt the
     /// chosen backend holds whole, last used less than this long ago, is not
     /// re-inserted, so its recency in the index lags by up to this much; 0 refreshes
@@ -270,6 +275,7 @@ impl SimArgs {
             prefix.tokens_per_block = x;
         }
         prefix.price_footprint = !self.no_price_footprint;
+        prefix.price_cache_in_use = !self.no_price_cache_in_use;
         prefix.default_prefill_ns_per_token = (self.prefill_us_per_token * 1e3).round() as u32;
         let mut policy = PolicyConfig {
             backend_ids: backend_ids(backends),

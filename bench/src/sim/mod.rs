@@ -8,7 +8,8 @@
 //! orchestrator's [`PromptHasher`] ([`crate::chat::ChatRequest::feed`] mirrors the
 //! gateway's parser), and the gateway's own [`Router`] decides over the simulator's
 //! [`Replica`] (its belief, with each backend's capacity set to its engine's) and a
-//! [`FleetState`] holding each backend's in-flight count (issued, not yet completed);
+//! [`FleetState`] holding each backend's in-flight count and those requests' prompt
+//! blocks (issued, not yet completed);
 //! the decision's ops are applied to the replica, as the gateway applies them. The request then runs on a simulated [`engine::Engine`], whose cache
 //! is the truth every hit rate here is measured on.
 //!
@@ -243,6 +244,7 @@ pub fn run(
     let mut shipped: Vec<(usize, IndexOp)> = Vec::new();
     let mut fleet = FleetState::healthy(cfg.backends);
     let mut in_flight = vec![0u32; cfg.backends];
+    let mut in_flight_blocks = vec![0u32; cfg.backends];
     let mut awaiting = vec![0u32; cfg.backends];
     let mut pending_prefill = vec![0u32; cfg.backends];
     let tokens_per_block = cfg.tokens_per_block();
@@ -285,6 +287,7 @@ pub fn run(
             };
             for (b, state) in fleet.states.iter_mut().enumerate() {
                 state.in_flight = load[b];
+                state.in_flight_blocks = in_flight_blocks[b];
                 state.engine_waiting = scraped_waiting[b];
                 state.pending_prefill_tokens = if cfg.pending_prefill {
                     pending_prefill[b]
@@ -326,6 +329,7 @@ pub fn run(
             let b = routed.pick.backend;
             let predicted_uncached = routed.uncached_tokens;
             in_flight[b] += 1;
+            in_flight_blocks[b] += routed.prompt_blocks;
             awaiting[b] += 1;
             pending_prefill[b] += predicted_uncached;
             outstanding += 1;
@@ -405,6 +409,7 @@ pub fn run(
                 let r = &issued[request];
                 last_completion = now;
                 in_flight[r.backend] -= 1;
+                in_flight_blocks[r.backend] -= prompts[r.session][r.turn].blocks.len() as u32;
                 outstanding -= 1;
                 let (session, turn) = (r.session, r.turn + 1);
                 if turn < sessions[session].turns.len() {

@@ -80,6 +80,15 @@ pub struct Candidate {
     /// hardware, and new prefixes are spread over hardware, not over backends
     /// ([`prefix_aware::PrefixAware::placed_on_hardware`]).
     pub compute_group: Option<BackendIdx>,
+    /// Prompt blocks of the requests in flight on this backend, from their decision
+    /// to the end of their response (0 when not tracked): cache the engine keeps for
+    /// them while they run, which it cannot evict to keep another prompt's prefix
+    /// ([`prefix_aware::PrefixAware::kept_blocks`]).
+    pub in_flight_blocks: u32,
+    /// The blocks the engine reported its running requests hold (its KV usage times
+    /// `cache_blocks`); `None` when unknown. Requests that share a prefix hold it
+    /// once, which `in_flight_blocks` cannot tell.
+    pub engine_used_blocks: Option<u32>,
 }
 
 // === impl Candidate ===

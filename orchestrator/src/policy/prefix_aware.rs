@@ -255,6 +255,10 @@ pub struct PrefixAwareConfig {
     /// overflow its cache is charged for the overflow ([`PrefixAware::crowding_ns`]);
     /// off, a new prefix is priced at its size now (the ablation).
     pub price_footprint: bool,
+    /// A match counts only as far as it fits beside the cache the requests in
+    /// flight on its backend hold ([`PrefixAware::kept_blocks`]); off, a match
+    /// counts whole however busy its backend's cache (the ablation).
+    pub price_cache_in_use: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -273,6 +277,7 @@ impl Default for PrefixAwareConfig {
             room_stale_after_ms: ROOM_STALE_AFTER_MS,
             spread_new_prefixes: true,
             price_footprint: true,
+            price_cache_in_use: true,
         }
     }
 }
@@ -291,6 +296,7 @@ pub struct PrefixAware {
     new_prefix_slack: f64,
     spread_new_prefixes: bool,
     price_footprint: bool,
+    price_cache_in_use: bool,
     recent_new_prefixes: RecentPlacements,
     prompt_sizes: PromptSizes,
 }
@@ -312,6 +318,7 @@ impl PrefixAware {
             new_prefix_slack: f64::from(config.new_prefix_slack_requests),
             spread_new_prefixes: config.spread_new_prefixes,
             price_footprint: config.price_footprint,
+            price_cache_in_use: config.price_cache_in_use,
             recent_new_prefixes: RecentPlacements::default(),
             prompt_sizes: PromptSizes::default(),
         }
@@ -341,10 +348,11 @@ impl PrefixAware {
         wait + self.sharing_ns(candidate, wait + self.prefill_ns(candidate, prompt_blocks))
     }
 
-    /// The prompt's own prefill on this backend, in ns: its blocks the backend does
-    /// not hold and its uncached media.
+    /// The prompt's own prefill on this backend, in ns: its blocks the backend will
+    /// not hold when the request's turn comes ([`Self::kept_blocks`]) and its
+    /// uncached media.
     fn prefill_ns(&self, candidate: &Candidate, prompt_blocks: u32) -> f64 {
-        let missing = prompt_blocks.saturating_sub(candidate.matched_blocks);
+        let missing = prompt_blocks.saturating_sub(self.kept_blocks(candidate, prompt_blocks));
         if missing == 0 && candidate.uncached_media_tokens == 0 {
             // Also keeps an infinite per-block cost from turning into NaN.
             return 0.0;
@@ -352,6 +360,48 @@ impl PrefixAware {
         self.prefill_ns_per_token(candidate)
             * (self.tokens_per_block * f64::from(missing)
                 + f64::from(candidate.uncached_media_tokens))
+    }
+
+    /// How much of the candidate's match (`matched_blocks`) the engine will still
+    /// hold when the request's turn comes: what fits in its cache (`cache_blocks`)
+    /// beside the prompt itself and the cache the requests in flight there hold
+    /// ([`Self::busy_blocks`]). An engine cannot evict a running request's blocks; a
+    /// cached prefix waiting in its queue is only free blocks, and the requests ahead
+    /// of it evict it when they need the room (vLLM frees a prompt's blocks tail
+    /// first, so its tail goes first). The index, which saw this prompt last, keeps it
+    /// and evicts older blocks instead, so without this a match counted whole on an
+    /// engine whose cache the work ahead fills: on three CPU engines with 64 blocks
+    /// each, the requests whose in-flight neighbours and own prompt needed more than
+    /// the cache found 0.15–0.53 of their prompt cached against about 0.7 otherwise,
+    /// and 9 of 47 found nothing, waiting 2.3–5.6 s behind four others for a whole
+    /// prefill (`radixgate-bench real`, multiturn, concurrency 8, both hashing modes).
+    /// Off with `price_cache_in_use = false`; the whole match when the capacity is
+    /// unknown.
+    pub fn kept_blocks(&self, candidate: &Candidate, prompt_blocks: u32) -> u32 {
+        let matched = candidate.matched_blocks;
+        if !self.price_cache_in_use || candidate.cache_blocks == 0 || matched == 0 {
+            return matched;
+        }
+        let needed = self.busy_blocks(candidate).saturating_add(prompt_blocks);
+        matched - needed.saturating_sub(candidate.cache_blocks).min(matched)
+    }
+
+    /// The cache the requests in flight on this backend hold while they run, in
+    /// blocks: their prompts (`in_flight_blocks`), bounded, where the engine reports
+    /// its usage (`engine_used_blocks`), by what its running requests hold plus what
+    /// the requests without a first token still have to fill (their pending prefill):
+    /// requests that share a prefix hold it once, so a hot document's requests in
+    /// flight do not count as many copies of it.
+    pub fn busy_blocks(&self, candidate: &Candidate) -> u32 {
+        let Some(used) = candidate.engine_used_blocks else {
+            return candidate.in_flight_blocks;
+        };
+        let pending = if self.tokens_per_block > 0.0 {
+            (f64::from(candidate.pending_prefill_tokens) / self.tokens_per_block).ceil() as u32
+        } else {
+            0
+        };
+        candidate.in_flight_blocks.min(used.saturating_add(pending))
     }
 
     /// What the backends sharing this one's compute add to `own_ns` of work on it,
@@ -653,8 +703,13 @@ impl RoutingPolicy for PrefixAware {
         }
         let threshold = min_est * self.band + TIE_FLOOR_NS;
         let chosen = choose(candidates, rng, |c| {
-            (has_room(c) && cost(c) <= threshold)
-                .then(|| (Reverse(c.matched_blocks), load(c), Reverse(free_room(c))))
+            (has_room(c) && cost(c) <= threshold).then(|| {
+                (
+                    Reverse(self.kept_blocks(c, prompt_blocks)),
+                    load(c),
+                    Reverse(free_room(c)),
+                )
+            })
         })?;
         if moves_priced && chosen.matched_blocks < best {
             self.recent_new_prefixes.record(chosen.backend);

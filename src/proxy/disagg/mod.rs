@@ -321,7 +321,15 @@ async fn vllm(
     let span = crate::trace::start_child(&TraceContext::of(req.head));
     let request = prefill_request(shard, req, p, &leg_body, span);
     let leave = peer_closed(client.tcp());
-    let params = match prefill_leg(shard, p, request, (split.prefill_timeout, leave), span).await {
+    let params = match prefill_leg(
+        shard,
+        prefill,
+        request,
+        (split.prefill_timeout, leave),
+        span,
+    )
+    .await
+    {
         // Connectors that find KV by prompt (vLLM's example connector, LMCache)
         // return no parameters: the decode leg is then the client's request as is.
         Ok((200, answer)) => body::transfer_params(&answer),
@@ -386,7 +394,7 @@ async fn sglang(
     // leg until that ends, then awaited; abandoned if the client left meanwhile.
     let abandon = Abandon::default();
     let timeout = (split.prefill_timeout, abandon.watch());
-    let mut prefill_leg = std::pin::pin!(prefill_leg(shard, p, request, timeout, span));
+    let mut prefill_leg = std::pin::pin!(prefill_leg(shard, prefill, request, timeout, span));
     let mut prefilled = None;
     let outcome = {
         let decode_leg = decode_leg(
@@ -469,12 +477,18 @@ const PREFILL_RESPONSE_LIMIT: usize = 1 << 20;
 /// which is not the backend's fault); ends the leg's `span`.
 async fn prefill_leg(
     shard: &Rc<Shard>,
-    backend: usize,
+    leg: &Decision,
     request: Vec<u8>,
     (timeout, leave): (Duration, impl Future<Output = ()>),
     span: Option<ChildSpan>,
 ) -> Result<(u16, Vec<u8>), GatewayError> {
-    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let backend = leg.pick.backend;
+    let _in_flight = InFlightGuard::enter(
+        &shard.shared.in_flight,
+        shard.id,
+        backend,
+        leg.prompt_blocks,
+    );
     let started = Instant::now();
     // Split requests are not counted in the pending prefill yet.
     let mut exchange = Exchange {
@@ -525,7 +539,12 @@ async fn decode_leg(
 ) -> Split {
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, route);
-    let _in_flight = InFlightGuard::enter(&shard.shared.in_flight, shard.id, backend);
+    let _in_flight = InFlightGuard::enter(
+        &shard.shared.in_flight,
+        shard.id,
+        backend,
+        route.prompt_blocks,
+    );
     let span = crate::trace::start_child(&TraceContext::of(req.head));
     let mut request = shard.take_buffer();
     write_upstream_head(

@@ -36,6 +36,8 @@ struct Draw {
     breaker: [BreakerState; BACKENDS],
     draining: [bool; BACKENDS],
     in_flight: [u32; BACKENDS],
+    /// Prompt blocks of each request in flight.
+    in_flight_prompt: [u32; BACKENDS],
     waiting: [u32; BACKENDS],
     pending: [u32; BACKENDS],
     learned: [LearnedCost; BACKENDS],
@@ -47,6 +49,7 @@ fn draw(rng: &mut fastrand::Rng) -> Draw {
         breaker: [BreakerState::Closed; BACKENDS],
         draining: [false; BACKENDS],
         in_flight: [0; BACKENDS],
+        in_flight_prompt: [0; BACKENDS],
         waiting: [0; BACKENDS],
         pending: [0; BACKENDS],
         learned: [LearnedCost::default(); BACKENDS],
@@ -60,6 +63,7 @@ fn draw(rng: &mut fastrand::Rng) -> Draw {
         };
         d.draining[b] = rng.u8(..25) == 0;
         d.in_flight[b] = rng.u32(..12);
+        d.in_flight_prompt[b] = rng.u32(..40);
         d.waiting[b] = rng.u32(..4);
         d.pending[b] = if rng.bool() { rng.u32(..4000) } else { 0 };
         d.learned[b].prefill_ns_per_token = if rng.bool() {
@@ -119,7 +123,9 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
                     waiting: d.waiting[b],
                     ..Default::default()
                 });
-                in_flight.add(0, b, d.in_flight[b]);
+                for _ in 0..d.in_flight[b] {
+                    in_flight.enter(0, b, d.in_flight_prompt[b]);
+                }
                 if d.pending[b] > 0 {
                     guards.push(pending.enter(0, b, d.pending[b], now));
                 }
@@ -141,6 +147,7 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
                 state.breaker = d.breaker[b];
                 state.draining = d.draining[b];
                 state.in_flight = d.in_flight[b];
+                state.in_flight_blocks = d.in_flight[b] * d.in_flight_prompt[b];
                 state.engine_waiting = d.waiting[b];
                 state.pending_prefill_tokens = d.pending[b];
                 state.prefill_progress_ns = pending.progress_ns(b, now);

@@ -82,6 +82,7 @@ fn default_config() {
             room_stale_after_ms: 60_000,
             spread_new_prefixes: true,
             price_footprint: true,
+            price_cache_in_use: true,
         }
     );
 }
@@ -1248,4 +1249,95 @@ fn by_count() -> PrefixAware {
         price_footprint: false,
         ..base()
     })
+}
+
+#[test]
+fn a_match_counts_only_as_far_as_it_fits_beside_the_work_in_flight() {
+    let p = defaults();
+    // A 64-block cache holding 12 of a 16-block prompt.
+    let holder = |in_flight_blocks| Candidate {
+        cache_blocks: 64,
+        in_flight_blocks,
+        ..c(0, 3, 12)
+    };
+    // 40 blocks in flight + the prompt's 16 fit: the whole match is kept.
+    assert_eq!(p.kept_blocks(&holder(40), 16), 12);
+    // 54 + 16 = 70: the 6 blocks beyond the cache go from the match's tail.
+    assert_eq!(p.kept_blocks(&holder(54), 16), 6);
+    // The work ahead fills the cache: nothing is left by the request's turn.
+    assert_eq!(p.kept_blocks(&holder(80), 16), 0);
+    // The estimate prefills what is not kept: 3 × 5 ms + 10 blocks × 0.32 ms.
+    assert_eq!(p.est_ttft_ns(&holder(54), 16), 15.0 * MS + 10.0 * 0.32 * MS);
+    // Unknown capacity, or the term off: the match counts whole.
+    let unknown = Candidate {
+        cache_blocks: 0,
+        ..holder(80)
+    };
+    assert_eq!(p.kept_blocks(&unknown, 16), 12);
+    let off = PrefixAware::new(&PrefixAwareConfig {
+        price_cache_in_use: false,
+        ..base()
+    });
+    assert_eq!(off.kept_blocks(&holder(80), 16), 12);
+}
+
+#[test]
+fn requests_that_share_a_prefix_hold_it_once() {
+    let p = defaults();
+    // Five requests for one 16-block document in flight: 80 blocks by their prompts,
+    // but the engine reports 20 in use, and 160 pending tokens (10 blocks) are still
+    // to come.
+    let holder = Candidate {
+        cache_blocks: 64,
+        in_flight_blocks: 80,
+        engine_used_blocks: Some(20),
+        pending_prefill_tokens: 160,
+        ..c(0, 5, 16)
+    };
+    assert_eq!(p.busy_blocks(&holder), 30);
+    assert_eq!(p.kept_blocks(&holder, 17), 16);
+    // Where the prompts in flight are fewer than the engine's count, they bound it.
+    let light = Candidate {
+        in_flight_blocks: 8,
+        ..holder
+    };
+    assert_eq!(p.busy_blocks(&light), 8);
+}
+
+#[test]
+fn a_prefix_the_work_ahead_would_evict_is_not_worth_waiting_for() {
+    // CPU-like costs: 1 ms per token (16 ms a block), 5 ms per request ahead. The
+    // holder of 12 of 16 blocks has four requests in flight whose 64 blocks fill its
+    // cache; the other engine has one request of 16 blocks.
+    let slow = |c: Candidate| Candidate {
+        prefill_ns_per_token: 1_000_000,
+        cache_blocks: 64,
+        ..c
+    };
+    let cands = [
+        slow(Candidate {
+            in_flight_blocks: 64,
+            ..c(0, 4, 12)
+        }),
+        slow(Candidate {
+            in_flight_blocks: 16,
+            ..c(1, 1, 0)
+        }),
+    ];
+    // Counted whole, the match saves 192 ms of prefill: the holder (84 ms) wins.
+    let mut whole = PrefixAware::new(&PrefixAwareConfig {
+        price_cache_in_use: false,
+        ..base()
+    });
+    assert_eq!(
+        pick(&mut whole, &cands, 16),
+        picked(0, Reason::LongestPrefix)
+    );
+    // Priced, the holder would prefill the whole prompt after four requests: the
+    // other engine is sooner.
+    let mut priced = defaults();
+    assert_eq!(
+        pick(&mut priced, &cands, 16),
+        picked(1, Reason::FallbackLeastLoaded)
+    );
 }
