@@ -31,7 +31,7 @@ use crate::trace::TraceLine;
 pub struct ReplayConfig {
     /// One or more gateways; with several, each request goes to a random one.
     pub targets: Vec<Target>,
-    /// Seeds the per-thread target choice (threads get `seed`, `seed + 1`, ...).
+    /// Seeds the per-request target choice ([`Spread`]).
     pub spread_seed: u64,
     /// Requests in flight at most (one thread and connection each).
     pub concurrency: usize,
@@ -180,27 +180,27 @@ impl Schedule {
     }
 }
 
-/// The per-request choice of target: uniform at random over `n` targets from a
-/// seeded generator (deterministic by seed; always 0 with one target).
+/// The per-request choice of target: uniform at random over `n` targets, a function
+/// of the seed and the request's line number alone (always 0 with one target), so
+/// the split does not depend on which replay thread takes which request.
 pub struct Spread {
     n: usize,
-    rng: fastrand::Rng,
+    seed: u64,
 }
 
 impl Spread {
     pub fn new(n: usize, seed: u64) -> Spread {
         assert!(n >= 1, "at least one target");
-        Spread {
-            n,
-            rng: fastrand::Rng::with_seed(crate::workload::mix(&[seed, 0x5EAD])),
-        }
+        Spread { n, seed }
     }
 
-    pub fn pick(&mut self) -> usize {
+    /// The target of the trace's line `line`.
+    pub fn pick(&self, line: usize) -> usize {
         if self.n == 1 {
             0
         } else {
-            self.rng.usize(..self.n)
+            let draw = crate::workload::mix(&[self.seed, 0x5EAD, line as u64]);
+            fastrand::Rng::with_seed(draw).usize(..self.n)
         }
     }
 }
@@ -222,7 +222,7 @@ pub fn run(cfg: &ReplayConfig, lines: &[TraceLine]) -> std::io::Result<ReplayRes
             let handle = thread::Builder::new()
                 .name(format!("radixgate-bench-replay-{k}"))
                 .stack_size(256 * 1024)
-                .spawn_scoped(scope, move || worker(cfg, k, lines, schedule, wake, start))?;
+                .spawn_scoped(scope, move || worker(cfg, lines, schedule, wake, start))?;
             handles.push(handle);
         }
         let mut stats = Stats::default();
@@ -244,7 +244,6 @@ pub fn run(cfg: &ReplayConfig, lines: &[TraceLine]) -> std::io::Result<ReplayRes
 
 fn worker(
     cfg: &ReplayConfig,
-    thread: usize,
     lines: &[TraceLine],
     schedule: &Mutex<Schedule>,
     wake: &Condvar,
@@ -255,7 +254,7 @@ fn worker(
         .iter()
         .map(|t| Client::new(t.clone(), &cfg.headers, false, cfg.timeout))
         .collect();
-    let mut spread = Spread::new(clients.len(), cfg.spread_seed.wrapping_add(thread as u64));
+    let spread = Spread::new(clients.len(), cfg.spread_seed);
     let mut stats = Stats::default();
     let mut records = Vec::new();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -285,7 +284,7 @@ fn worker(
         } else {
             &[]
         };
-        let target = spread.pick();
+        let target = spread.pick(i);
         let mut record = Record {
             session: line.session.clone(),
             turn: line.turn,

@@ -267,12 +267,16 @@ fn spreads_requests_over_several_targets_at_random() {
             .collect();
         assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
     }
+    // The split is the seed's alone: the same requests go to the same targets.
+    let again = run(&cfg, &lines).unwrap();
+    let targets = |r: &ReplayResult| r.records.iter().map(|x| x.target).collect::<Vec<_>>();
+    assert_eq!(targets(&r), targets(&again));
     let draws = |seed| {
-        let mut sp = Spread::new(4, seed);
-        (0..32).map(|_| sp.pick()).collect::<Vec<_>>()
+        let sp = Spread::new(4, seed);
+        (0..32).map(|line| sp.pick(line)).collect::<Vec<_>>()
     };
     assert_eq!(draws(3), draws(3));
     assert_ne!(draws(3), draws(4));
     assert!(draws(3).iter().all(|&t| t < 4));
-    assert!(Spread::new(1, 9).pick() == 0);
+    assert!(Spread::new(1, 9).pick(5) == 0);
 }
