@@ -32,7 +32,7 @@ use crate::admission::Estimate;
 use crate::breaker::BreakerState;
 use crate::disagg::{self, DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
 use crate::media::{Capabilities, MediaNeeds};
-use crate::policy::prefix_aware::PrefixAware;
+use crate::policy::prefix_aware::{Explained, PrefixAware};
 use crate::policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, Reason,
     RouteInput, RoutingPolicy,
@@ -372,6 +372,14 @@ pub enum PairOutcome {
 struct PolicySet([Option<Policy>; PolicyName::ALL.len()]);
 
 impl PolicySet {
+    /// The `prefix_aware` instance, once built.
+    fn prefix_aware(&self) -> Option<&PrefixAware> {
+        self.0.iter().flatten().find_map(|p| match p {
+            Policy::PrefixAware(p) => Some(p),
+            _ => None,
+        })
+    }
+
     fn get(&mut self, name: PolicyName, config: &PolicyConfig) -> &mut Policy {
         let slot = PolicyName::ALL.iter().position(|n| *n == name).unwrap_or(0);
         self.0[slot].get_or_insert_with(|| build_policy(name, config))
@@ -411,6 +419,17 @@ impl Router {
 
     pub fn config(&self) -> &RouterConfig {
         &self.config
+    }
+
+    /// The candidates of the last whole-request decision with what the cost model
+    /// made of each ([`PrefixAware::explain`]), by the `prefix_aware` policy's own
+    /// state (its counts of new prefixes) when it has decided before: what a debug
+    /// log prints to explain a pick. `prompt_blocks` is that request's.
+    pub fn explain_last(&self, prompt_blocks: u32) -> impl Iterator<Item = Explained> + '_ {
+        let model = self.policies.prefix_aware().unwrap_or(&self.cost_model);
+        self.candidates
+            .iter()
+            .map(move |c| model.explain(&self.candidates, c, prompt_blocks))
     }
 
     /// Index time before which a block a backend holds counts as free cache room

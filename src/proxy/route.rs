@@ -154,8 +154,50 @@ pub(super) fn route_at(
             .decide(&shard.replica.borrow(), fleet, facts, now_ms)
     });
     let mut decision = decided.map_err(|e| route_error(shard, facts, e))?;
+    if tracing::enabled!(target: "radixgate::decision", tracing::Level::DEBUG) {
+        explain(shard, facts, &decision);
+    }
     apply(shard, &mut decision);
     Ok(decision)
+}
+
+/// Logs the decision and every candidate as the cost model weighed it (debug level,
+/// target `radixgate::decision`): what to read when a pick looks wrong. Off by
+/// default; the check above is all it costs then.
+fn explain(shard: &Shard, facts: &RoutingFacts<'_>, decision: &Decision) {
+    use std::fmt::Write;
+    let ms = |ns: f64| ns / 1e6;
+    let mut candidates = String::new();
+    for e in shard
+        .router
+        .borrow()
+        .explain_last(facts.blocks.len() as u32)
+    {
+        let _ = write!(
+            candidates,
+            "{}: matched={} kept={} busy={} in_flight={} est_ms={:.0} wait_ms={:.0} \
+             eviction_ms={:.0} crowding_ms={:.0} placed={} room={}; ",
+            shard.backend_id(e.backend),
+            e.matched_blocks,
+            e.kept_blocks,
+            e.busy_blocks,
+            e.in_flight,
+            ms(e.est_ttft_ns),
+            ms(e.shared_wait_ns),
+            ms(e.eviction_ns),
+            ms(e.crowding_ns),
+            e.placed_on_hardware,
+            e.free_room,
+        );
+    }
+    tracing::debug!(
+        target: "radixgate::decision",
+        backend = %shard.backend_id(decision.pick.backend),
+        reason = decision.pick.reason.as_str(),
+        prompt_blocks = facts.blocks.len(),
+        candidates = %candidates,
+        "routed"
+    );
 }
 
 /// Applies a decision's ops here and publishes them.

@@ -372,9 +372,10 @@ impl PrefixAware {
     /// and evicts older blocks instead, so without this a match counted whole on an
     /// engine whose cache the work ahead fills: on three CPU engines with 64 blocks
     /// each, the requests whose in-flight neighbours and own prompt needed more than
-    /// the cache found 0.15–0.53 of their prompt cached against about 0.7 otherwise,
-    /// and 9 of 47 found nothing, waiting 2.3–5.6 s behind four others for a whole
-    /// prefill (`radixgate-bench real`, multiturn, concurrency 8, both hashing modes).
+    /// the cache found 0.15–0.53 of their prompt cached against 0.52–0.73 otherwise,
+    /// and 16 of 79 found nothing, in either hashing mode; requests sent to a holder
+    /// that had nothing left waited 2.3–6.7 s for a whole prefill behind the others
+    /// (`radixgate-bench real`, multiturn, all of them at concurrency 8).
     /// Off with `price_cache_in_use = false`; the whole match when the capacity is
     /// unknown.
     pub fn kept_blocks(&self, candidate: &Candidate, prompt_blocks: u32) -> u32 {
@@ -466,7 +467,7 @@ impl PrefixAware {
     /// one core serve together what one engine alone on a core serves; counted each
     /// as one, the core shared by two of three engines took five or six of eight new
     /// conversations, whose turns then queued behind each other there
-    /// (`radixgate-bench real`, multiturn, concurrency 8).
+    /// (`radixgate-bench real`, multiturn, all of them at concurrency 8).
     pub fn placed_on_hardware(&self, candidates: &[Candidate], c: &Candidate) -> u32 {
         let recent = &self.recent_new_prefixes;
         match c.compute_group {
@@ -477,6 +478,36 @@ impl PrefixAware {
                     .filter(|d| d.compute_group == Some(group))
                     .map(|d| d.backend),
             ),
+        }
+    }
+
+    /// What the cost model makes of candidate `c` among `candidates` for a prompt
+    /// of `prompt_blocks` blocks: the terms a decision weighed, for a log line that
+    /// explains it. Counts of new prefixes include the decision's own, when it
+    /// placed one.
+    pub fn explain(
+        &self,
+        candidates: &[Candidate],
+        c: &Candidate,
+        prompt_blocks: u32,
+    ) -> Explained {
+        let shared = candidates
+            .iter()
+            .map(|d| d.matched_blocks)
+            .min()
+            .unwrap_or(0);
+        Explained {
+            backend: c.backend,
+            matched_blocks: c.matched_blocks,
+            kept_blocks: self.kept_blocks(c, prompt_blocks),
+            busy_blocks: self.busy_blocks(c),
+            in_flight: c.in_flight,
+            est_ttft_ns: self.est_ttft_ns(c, prompt_blocks),
+            shared_wait_ns: self.shared_wait_ns(c, prompt_blocks),
+            eviction_ns: self.eviction_ns(c, prompt_blocks),
+            crowding_ns: self.crowding_ns(c, self.footprint_blocks(shared)),
+            placed_on_hardware: self.placed_on_hardware(candidates, c),
+            free_room: free_room(c),
         }
     }
 
@@ -513,7 +544,7 @@ impl PrefixAware {
     /// engines sharing two cores, an engine stopped answering for 10–14 s while its
     /// core neighbour ran; the estimate, which had dropped the credit but charged only
     /// the queued work, kept sending requests there, and those made the tail
-    /// (`radixgate-bench real`, multiturn, concurrency 8).
+    /// (`radixgate-bench real`, multiturn, all of them at concurrency 8).
     pub fn queue_ns(&self, candidate: &Candidate) -> f64 {
         let ahead = self.per_request_ns(candidate) * load(candidate) as f64;
         let progress = candidate.prefill_progress_ns as f64;
@@ -725,6 +756,27 @@ impl RoutingPolicy for PrefixAware {
         };
         pick(chosen, reason)
     }
+}
+
+/// One candidate of a decision as the cost model saw it ([`PrefixAware::explain`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Explained {
+    pub backend: BackendIdx,
+    pub matched_blocks: u32,
+    /// [`PrefixAware::kept_blocks`].
+    pub kept_blocks: u32,
+    /// [`PrefixAware::busy_blocks`].
+    pub busy_blocks: u32,
+    pub in_flight: u32,
+    pub est_ttft_ns: f64,
+    /// [`PrefixAware::shared_wait_ns`]: what step 2 compares for a new prefix,
+    /// with `crowding_ns`.
+    pub shared_wait_ns: f64,
+    pub eviction_ns: f64,
+    /// [`PrefixAware::crowding_ns`] at the footprint of the large prompts lately.
+    pub crowding_ns: f64,
+    pub placed_on_hardware: u32,
+    pub free_room: u32,
 }
 
 /// How many new prefixes each backend was given lately: a count per backend that

@@ -626,3 +626,41 @@ fn a_peer_outside_the_candidates_is_priced_from_its_state() {
     assert_eq!(alone.best_ns, 1_280_000.0);
     assert_eq!(shared.best_ns, 2.0 * 1_280_000.0);
 }
+
+#[test]
+fn the_last_decision_is_explained_candidate_by_candidate() {
+    let mut r = router();
+    let mut rep = replica(2, 64);
+    let mut fleet = TestFleet::healthy(2);
+    let blocks = prompt(1, 10);
+    // Backend 0 holds the prompt; backend 1 has 50 prompt blocks in flight.
+    rep.apply(&IndexOp::Insert {
+        backend: 0,
+        blocks: blocks.clone().into(),
+        now_ms: 1,
+    });
+    fleet.states[1].in_flight = 2;
+    fleet.states[1].in_flight_blocks = 50;
+    let d = route(
+        &mut r,
+        &mut rep,
+        &fleet,
+        &facts(PolicyName::PrefixAware, &blocks),
+        2,
+    );
+    assert_eq!(d.pick.backend, 0);
+    assert_eq!(d.prompt_blocks, 10);
+    let explained: Vec<Explained> = r.explain_last(10).collect();
+    assert_eq!(explained.len(), 2);
+    let (holder, busy) = (explained[0], explained[1]);
+    assert_eq!(
+        (holder.backend, holder.matched_blocks, holder.kept_blocks),
+        (0, 10, 10)
+    );
+    assert_eq!(holder.est_ttft_ns, 0.0);
+    assert_eq!((busy.backend, busy.in_flight, busy.busy_blocks), (1, 2, 50));
+    assert!(busy.est_ttft_ns > 0.0);
+    // The holder was given no new prefix; the free room is what the index says.
+    assert_eq!((holder.placed_on_hardware, holder.free_room), (0, 54));
+    assert_eq!(busy.free_room, 64);
+}
