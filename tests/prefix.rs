@@ -413,7 +413,9 @@ fn words_prompt(model: &str, tag: char, n: usize, max_tokens: u32, stream: bool)
 /// blocks) while two long answers of 26-block prompts stream from `e0` (80-block
 /// cache): together they need 103 blocks. `e1` (64 blocks) is idle. Both engines
 /// prefill at 0.5 ms a token (what the gateway assumes until it learns), eviction is
-/// not priced (the term under test alone).
+/// not priced (the term under test alone), and the engines' metrics are not scraped
+/// (a KV usage read between the two streams' starts would bound what is in flight
+/// by the first alone).
 fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
     // Only e0 serves the adapter `filler`, which the streams use to go there.
     let engine = |cache_blocks, loras: &[&str]| EngineConfig {
@@ -432,7 +434,8 @@ fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
         1,
         &format!(
             "[routing]\npolicy = \"prefix_aware\"\n[routing.prefix_aware]\n\
-             prefill_us_per_token = 500\neviction_weight = 0.0\nprice_cache_in_use = {priced}"
+             prefill_us_per_token = 500\neviction_weight = 0.0\nprice_cache_in_use = {priced}\n\
+             [health]\nscrape_interval_ms = 0"
         ),
         &[],
     );
