@@ -412,10 +412,8 @@ fn words_prompt(model: &str, tag: char, n: usize, max_tokens: u32, stream: bool)
 /// Where a follow-up goes whose prefix its holder `e0` has cached (23 of its 51
 /// blocks) while two long answers of 26-block prompts stream from `e0` (80-block
 /// cache): together they need 103 blocks. `e1` (64 blocks) is idle. Both engines
-/// prefill at 0.5 ms a token (what the gateway assumes until it learns), eviction is
-/// not priced (the term under test alone), and the engines' metrics are not scraped
-/// (a KV usage read between the two streams' starts would bound what is in flight
-/// by the first alone).
+/// prefill at 0.5 ms a token (what the gateway assumes until it learns), and
+/// eviction is not priced (the term under test alone).
 fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
     // Only e0 serves the adapter `filler`, which the streams use to go there.
     let engine = |cache_blocks, loras: &[&str]| EngineConfig {
@@ -435,7 +433,7 @@ fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
         &format!(
             "[routing]\npolicy = \"prefix_aware\"\n[routing.prefix_aware]\n\
              prefill_us_per_token = 500\neviction_weight = 0.0\nprice_cache_in_use = {priced}\n\
-             [health]\nscrape_interval_ms = 0"
+             [health]\nscrape_interval_ms = 100"
         ),
         &[],
     );
@@ -483,8 +481,12 @@ fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
             .any(|(n, v)| n.eq_ignore_ascii_case("x-router-backend") && v == "e0"));
         streams.push(c);
     }
+    // Both prefills done, and the engine's KV usage, as scraped, shows both streams
+    // (53 of its 80 blocks): the bound on what is in flight is then the prompts'.
     assert!(eventually(Duration::from_secs(5), || {
-        pending_prefill(&Client::connect(addr).get("/metrics").text(), "e0") == 0.0
+        let m = Client::connect(addr).get("/metrics").text();
+        pending_prefill(&m, "e0") == 0.0
+            && metric(&m, "radixgate_engine_kv_usage{backend=\"e0\"}").unwrap_or(0.0) > 0.6
     }));
 
     let follow_up = Client::connect(addr).post(

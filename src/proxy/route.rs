@@ -180,7 +180,7 @@ fn explain(shard: &Shard, facts: &RoutingFacts<'_>, decision: &Decision) {
             shard.backend_id(e.backend),
             e.matched_blocks,
             e.kept_blocks,
-            e.busy_blocks,
+            e.busy_blocks.map_or(-1, i64::from),
             e.in_flight,
             ms(e.est_ttft_ns),
             ms(e.shared_wait_ns),

@@ -9,7 +9,8 @@
 //! gateway's parser), and the gateway's own [`Router`] decides over the simulator's
 //! [`Replica`] (its belief, with each backend's capacity set to its engine's) and a
 //! [`FleetState`] holding each backend's in-flight count and those requests' prompt
-//! blocks (issued, not yet completed);
+//! blocks (issued, not yet completed; the engines report no KV usage, so the cost
+//! model's cache-in-use term, which needs it, stays off);
 //! the decision's ops are applied to the replica, as the gateway applies them. The request then runs on a simulated [`engine::Engine`], whose cache
 //! is the truth every hit rate here is measured on.
 //!

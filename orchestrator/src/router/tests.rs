@@ -641,6 +641,7 @@ fn the_last_decision_is_explained_candidate_by_candidate() {
     });
     fleet.states[1].in_flight = 2;
     fleet.states[1].in_flight_blocks = 50;
+    fleet.states[1].engine_kv_usage = 0.5;
     let d = route(
         &mut r,
         &mut rep,
@@ -658,7 +659,13 @@ fn the_last_decision_is_explained_candidate_by_candidate() {
         (0, 10, 10)
     );
     assert_eq!(holder.est_ttft_ns, 0.0);
-    assert_eq!((busy.backend, busy.in_flight, busy.busy_blocks), (1, 2, 50));
+    // Its engine reports half its 64 blocks in use: what is in flight is bounded
+    // by that (nothing is pending).
+    assert_eq!(
+        (busy.backend, busy.in_flight, busy.busy_blocks),
+        (1, 2, Some(32))
+    );
+    assert_eq!(holder.busy_blocks, None);
     assert!(busy.est_ttft_ns > 0.0);
     // The holder was given no new prefix; the free room is what the index says.
     assert_eq!((holder.placed_on_hardware, holder.free_room), (0, 54));

@@ -1254,10 +1254,12 @@ fn by_count() -> PrefixAware {
 #[test]
 fn a_match_counts_only_as_far_as_it_fits_beside_the_work_in_flight() {
     let p = defaults();
-    // A 64-block cache holding 12 of a 16-block prompt.
+    // A 64-block cache holding 12 of a 16-block prompt; the engine reports plenty
+    // in use, so the prompts in flight count as they are.
     let holder = |in_flight_blocks| Candidate {
         cache_blocks: 64,
         in_flight_blocks,
+        engine_used_blocks: Some(64),
         ..c(0, 3, 12)
     };
     // 40 blocks in flight + the prompt's 16 fit: the whole match is kept.
@@ -1268,12 +1270,19 @@ fn a_match_counts_only_as_far_as_it_fits_beside_the_work_in_flight() {
     assert_eq!(p.kept_blocks(&holder(80), 16), 0);
     // The estimate prefills what is not kept: 3 × 5 ms + 10 blocks × 0.32 ms.
     assert_eq!(p.est_ttft_ns(&holder(54), 16), 15.0 * MS + 10.0 * 0.32 * MS);
-    // Unknown capacity, or the term off: the match counts whole.
+    // Unknown capacity, unknown engine usage, or the term off: the match counts
+    // whole.
     let unknown = Candidate {
         cache_blocks: 0,
         ..holder(80)
     };
     assert_eq!(p.kept_blocks(&unknown, 16), 12);
+    let unreported = Candidate {
+        engine_used_blocks: None,
+        ..holder(80)
+    };
+    assert_eq!(p.busy_blocks(&unreported), None);
+    assert_eq!(p.kept_blocks(&unreported, 16), 12);
     let off = PrefixAware::new(&PrefixAwareConfig {
         price_cache_in_use: false,
         ..base()
@@ -1294,21 +1303,21 @@ fn requests_that_share_a_prefix_hold_it_once() {
         pending_prefill_tokens: 160,
         ..c(0, 5, 16)
     };
-    assert_eq!(p.busy_blocks(&holder), 30);
+    assert_eq!(p.busy_blocks(&holder), Some(30));
     assert_eq!(p.kept_blocks(&holder, 17), 16);
     // Where the prompts in flight are fewer than the engine's count, they bound it.
     let light = Candidate {
         in_flight_blocks: 8,
         ..holder
     };
-    assert_eq!(p.busy_blocks(&light), 8);
+    assert_eq!(p.busy_blocks(&light), Some(8));
 }
 
 #[test]
 fn a_prefix_the_work_ahead_would_evict_is_not_worth_waiting_for() {
     // CPU-like costs: 1 ms per token (16 ms a block), 5 ms per request ahead. The
     // holder of 12 of 16 blocks has four requests in flight whose 64 blocks fill its
-    // cache; the other engine has one request of 16 blocks.
+    // cache (the engine says so); the other engine has one request of 16 blocks.
     let slow = |c: Candidate| Candidate {
         prefill_ns_per_token: 1_000_000,
         cache_blocks: 64,
@@ -1317,10 +1326,12 @@ fn a_prefix_the_work_ahead_would_evict_is_not_worth_waiting_for() {
     let cands = [
         slow(Candidate {
             in_flight_blocks: 64,
+            engine_used_blocks: Some(64),
             ..c(0, 4, 12)
         }),
         slow(Candidate {
             in_flight_blocks: 16,
+            engine_used_blocks: Some(16),
             ..c(1, 1, 0)
         }),
     ];
