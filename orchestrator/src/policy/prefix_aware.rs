@@ -378,9 +378,13 @@ impl PrefixAware {
     /// (`radixgate-bench real`, multiturn, all of them at concurrency 8).
     /// The whole match when the term is off (`price_cache_in_use = false`), or the
     /// capacity or the engine's KV usage is unknown.
+    #[inline]
     pub fn kept_blocks(&self, candidate: &Candidate, prompt_blocks: u32) -> u32 {
         let matched = candidate.matched_blocks;
-        if !self.price_cache_in_use || candidate.cache_blocks == 0 || matched == 0 {
+        // The common case first, in integers: even every prompt in flight fits.
+        let fits =
+            candidate.in_flight_blocks.saturating_add(prompt_blocks) <= candidate.cache_blocks;
+        if fits || !self.price_cache_in_use || candidate.cache_blocks == 0 || matched == 0 {
             return matched;
         }
         let Some(busy) = self.busy_blocks(candidate) else {
