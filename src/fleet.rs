@@ -117,38 +117,49 @@ impl InFlight {
 
     /// The count for `backend` summed over all shards, and the peers in cluster mode.
     pub fn total(&self, backend: usize) -> u32 {
-        self.rows
-            .iter()
-            .map(|row| row[backend].requests.load(Ordering::Relaxed))
-            .sum()
+        self.counts(backend).0
     }
 
-    /// The prompt blocks of the requests in flight to `backend`: this replica's,
-    /// summed over its shards, and in cluster mode the peers' requests (which report
-    /// a count, not their prompts) at the mean prompt of this replica's own.
+    /// The prompt blocks of the requests in flight to `backend` (see [`Self::counts`]).
+    #[cfg(test)]
     pub fn prompt_blocks(&self, backend: usize) -> u32 {
-        let (mut requests, mut blocks) = (0u32, 0u32);
-        for row in &self.rows[..self.local_rows] {
-            let slot = &row[backend];
-            requests = requests.saturating_add(slot.requests.load(Ordering::Relaxed));
-            blocks = blocks.saturating_add(slot.prompt_blocks.load(Ordering::Relaxed));
-        }
-        match (self.peers(backend), requests) {
-            (0, _) | (_, 0) => blocks,
-            (peers, _) => {
-                let theirs = u64::from(blocks) * u64::from(peers) / u64::from(requests);
-                blocks.saturating_add(u32::try_from(theirs).unwrap_or(u32::MAX))
-            }
-        }
+        self.counts(backend).1
+    }
+
+    /// In one pass over the rows, for `backend`: the requests in flight ([`Self::total`])
+    /// and their prompt blocks — this replica's, summed over its shards, and in
+    /// cluster mode the peers' requests (which report a count, not their prompts) at
+    /// the mean prompt of this replica's own.
+    pub fn counts(&self, backend: usize) -> (u32, u32) {
+        let (requests, blocks) = self.local(backend);
+        let peers = self.peers(backend);
+        let theirs = match (peers, requests) {
+            (0, _) | (_, 0) => 0,
+            _ => u64::from(blocks) * u64::from(peers) / u64::from(requests),
+        };
+        (
+            requests.saturating_add(peers),
+            blocks.saturating_add(u32::try_from(theirs).unwrap_or(u32::MAX)),
+        )
     }
 
     /// The count for `backend` over this replica's shards only (what it reports to
     /// its peers).
     pub fn local_total(&self, backend: usize) -> u32 {
+        self.local(backend).0
+    }
+
+    /// `(requests, prompt blocks)` of this replica's shards for `backend`.
+    fn local(&self, backend: usize) -> (u32, u32) {
         self.rows[..self.local_rows]
             .iter()
-            .map(|row| row[backend].requests.load(Ordering::Relaxed))
-            .sum()
+            .map(|row| &row[backend])
+            .fold((0u32, 0u32), |(requests, blocks), slot| {
+                (
+                    requests.saturating_add(slot.requests.load(Ordering::Relaxed)),
+                    blocks.saturating_add(slot.prompt_blocks.load(Ordering::Relaxed)),
+                )
+            })
     }
 
     /// The peers' count for `backend` (0 without the peers' row).

@@ -73,6 +73,7 @@ impl FleetView for ShardFleet<'_> {
             .prefix_aware
             .learned_fixed_delay;
         let (prefill_ns_per_token, prefill_fixed_ns) = local.learned.prefill_cost(fixed_delay);
+        let (in_flight, in_flight_blocks) = self.in_flight.counts(b);
         BackendState {
             role: config.role,
             capabilities: config.capabilities,
@@ -80,8 +81,8 @@ impl FleetView for ShardFleet<'_> {
             breaker: snapshot.breaker[b],
             draining: snapshot.draining[b],
             probes_in_flight: local.probes,
-            in_flight: self.in_flight.total(b),
-            in_flight_blocks: self.in_flight.prompt_blocks(b),
+            in_flight,
+            in_flight_blocks,
             engine_waiting: engine.map_or(0, |e| e.waiting),
             engine_running: engine.map_or(0, |e| e.running),
             engine_kv_usage: engine.map_or(0.0, |e| e.kv_usage),
