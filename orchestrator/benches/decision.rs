@@ -409,6 +409,7 @@ impl Router {
             candidates: &self.candidates,
             affinity_key: h.affinity_key(),
             prompt_blocks: h.blocks().len() as u32,
+            ..RouteInput::default()
         };
         self.policy
             .pick(&input, &mut self.rng)
@@ -537,6 +538,7 @@ fn part_cases(c: &mut Criterion, corpus: &Corpus, index: &PrefixIndex, label: &s
                     candidates: black_box(&candidates),
                     affinity_key,
                     prompt_blocks,
+                    ..RouteInput::default()
                 };
                 router.policy.pick(&input, &mut router.rng)
             })

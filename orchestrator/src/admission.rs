@@ -142,6 +142,7 @@ mod tests {
             candidates,
             affinity_key: None,
             prompt_blocks: blocks,
+            ..RouteInput::default()
         })
     }
 

@@ -478,6 +478,8 @@ impl Router {
             candidates,
             affinity_key: facts.affinity_key,
             prompt_blocks: facts.blocks.len() as u32,
+            prompt: facts.blocks,
+            now_ms,
         };
         let mut pick = self
             .policies
@@ -674,6 +676,7 @@ impl Router {
             candidates: &self.candidates,
             affinity_key: None,
             prompt_blocks: facts.blocks.len() as u32,
+            ..RouteInput::default()
         }))
     }
 

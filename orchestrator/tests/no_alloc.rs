@@ -81,6 +81,7 @@ fn picks_do_not_allocate() {
                     candidates: &sets[(i % 5) as usize][(i % 7) as usize..],
                     affinity_key: (i % 3 != 0).then_some(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                     prompt_blocks: (i % 97) as u32,
+                    ..RouteInput::default()
                 };
                 let pick = policy.pick(&input, &mut rng).unwrap();
                 seen[Reason::ALL.iter().position(|&r| r == pick.reason).unwrap()] += 1;

@@ -61,6 +61,7 @@ mod tests {
             candidates: c,
             affinity_key: None,
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         let p = ll.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap();
         assert_eq!(p.reason, Reason::LeastLoaded);

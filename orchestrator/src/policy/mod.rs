@@ -103,12 +103,18 @@ impl Candidate {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct RouteInput<'a> {
     pub candidates: &'a [Candidate],
     pub affinity_key: Option<u64>,
     /// Complete blocks in the prompt (the length `matched_blocks` is measured against).
     pub prompt_blocks: u32,
+    /// The prompt's chained block hashes (empty when not known): what names a new
+    /// prefix placed, and which later requests use it
+    /// ([`prefix_aware::RecentPlacements`]).
+    pub prompt: &'a [u64],
+    /// The decision's time in ms, on the clock the prefix index uses.
+    pub now_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -328,7 +328,7 @@ impl PrefixAware {
     /// that picks do not allocate.
     pub fn for_backends(config: &PrefixAwareConfig, backends: usize) -> Self {
         let mut policy = Self::new(config);
-        policy.recent_new_prefixes.placed.reserve(backends);
+        policy.recent_new_prefixes.reserve(backends);
         policy
     }
 
@@ -625,6 +625,7 @@ impl RoutingPolicy for PrefixAware {
         let candidates = input.candidates;
         let prompt_blocks = input.prompt_blocks;
         self.prompt_sizes.record(prompt_blocks);
+        self.recent_new_prefixes.observe(input.prompt, input.now_ms);
         let pick = |c: Candidate, reason| {
             Some(Pick {
                 backend: c.backend,
@@ -707,7 +708,8 @@ impl RoutingPolicy for PrefixAware {
                 close.then(|| (placed, Reverse(free_room(c)), wait as u64))
             })?;
             if self.spread_new_prefixes || self.price_footprint {
-                self.recent_new_prefixes.record(chosen.backend);
+                self.recent_new_prefixes
+                    .record(chosen.backend, input.prompt, best, input.now_ms);
             }
             return pick(chosen, reason);
         }
@@ -752,7 +754,8 @@ impl RoutingPolicy for PrefixAware {
             })
         })?;
         if moves_priced && chosen.matched_blocks < best {
-            self.recent_new_prefixes.record(chosen.backend);
+            self.recent_new_prefixes
+                .record(chosen.backend, input.prompt, best, input.now_ms);
         }
         let reason = if all_saturated && chosen.matched_blocks < best {
             Reason::SpilledFromSaturated
@@ -788,11 +791,12 @@ pub struct Explained {
     pub free_room: u32,
 }
 
-/// How many new prefixes each backend was given lately: a count per backend that
-/// decays by [`NEW_PREFIX_MEMORY`] at every new prefix placed anywhere, so it counts
-/// roughly the last that many placements. Step 2 compares it rounded to whole
-/// prefixes, so backends within half a prefix of each other are equal and their
-/// cache room decides.
+/// How many new prefixes each backend was given lately and still serves: a count per
+/// backend that decays by [`NEW_PREFIX_MEMORY`] at every new prefix placed anywhere,
+/// so it counts roughly the last that many placements, less those whose prefix has
+/// gone unused ([`IN_USE_GAPS`] times the time between its uses). Step 2 compares it
+/// rounded to whole prefixes, so backends within half a prefix of each other are
+/// equal and their cache room decides.
 ///
 /// A new conversation is a few blocks at its first turn and grows at every turn
 /// where it is placed. By room alone, the backend with the most room took every new
@@ -800,43 +804,163 @@ pub struct Explained {
 /// eight of eight, which then evicted each other as they grew (`radixgate-bench
 /// real`, multiturn after docs, concurrency 1: engine hit rate 0.2–0.5 of the
 /// ceiling). Counted, eight spread 3/3/2 and room settles the rest.
+///
+/// A placement is named by the prompt's chained block hash at the first block no
+/// backend held (its `depth`), which every later turn of the same conversation, or
+/// request about the same document, repeats: each such request *uses* it. Counted
+/// only by placements, conversations that had ended weighed on their engine until
+/// sixteen more were placed: after the documents of a docs run, and at the turn
+/// where a multiturn run's conversations start over, the engine alone on its core
+/// was charged 1.6–2.0 s of crowding for them and took two of eight new
+/// conversations while it idled (`radixgate-bench real`, multiturn, concurrency 8;
+/// the decision log). A placement that was never used again (no name, or a prompt
+/// asked once) is in use for as long after it was placed.
 #[derive(Clone, Debug, Default)]
 pub struct RecentPlacements {
-    /// Indexed by backend; grows when a backend first gets one (without allocating
-    /// within the room [`PrefixAware::for_backends`] reserved).
-    placed: Vec<f32>,
+    /// The new prefixes placed lately, at most [`NEW_PREFIXES_KEPT`]: when full, the
+    /// one placed longest ago goes.
+    placed: Vec<Placed>,
+    /// Per backend, the weights of its placements still in use as of the last
+    /// [`Self::observe`] or [`Self::record`]; grows when a backend first gets one.
+    live: Vec<f32>,
+    /// The mean time between two uses of a placed prefix, in ms (moving average; 0:
+    /// none seen yet, and then every placement counts as in use).
+    gap_ms: f32,
+}
+
+/// One new prefix placed ([`RecentPlacements`]).
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    backend: BackendIdx,
+    /// The prompt's chained hash at `depth`: every prompt that extends this one has
+    /// it there. `None` when the prompt had no block beyond what backends held.
+    name: Option<(usize, u64)>,
+    weight: f32,
+    /// When it was placed or last used, in ms.
+    used_ms: u64,
+    /// The time between its last two uses, in ms (0: used once).
+    gap_ms: f32,
 }
 
 /// The decay of [`RecentPlacements`] per new prefix placed: `1 - 1/16`, a memory of
 /// about sixteen placements (twice the conversations the benchmark opens at once).
 pub const NEW_PREFIX_MEMORY: f32 = 15.0 / 16.0;
 
+/// How many placements [`RecentPlacements`] keeps: the oldest of 32 weighs 0.13.
+pub const NEW_PREFIXES_KEPT: usize = 32;
+
+/// A placed prefix stops counting once it has gone unused for this many times the
+/// time between its uses (its own last gap, or the mean of all, whichever is
+/// longer): a conversation whose next turn is three gaps late has ended, or gone
+/// quiet for long enough that its blocks are the least recently used.
+pub const IN_USE_GAPS: f32 = 3.0;
+
+/// The weight of a new gap in [`RecentPlacements`]'s mean gap.
+const GAP_SMOOTHING: f32 = 1.0 / 8.0;
+
 impl RecentPlacements {
-    /// The backend's recent new prefixes, rounded to a whole count.
+    /// Room for `backends` backends' counts and every kept placement, so that picks
+    /// do not allocate.
+    pub fn reserve(&mut self, backends: usize) {
+        self.placed.reserve(NEW_PREFIXES_KEPT);
+        self.live.reserve(backends);
+    }
+
+    /// The backend's recent new prefixes in use, rounded to a whole count.
     pub fn placed(&self, backend: BackendIdx) -> u32 {
         self.placed_on(std::iter::once(backend))
     }
 
-    /// The recent new prefixes of `backends` together, rounded to a whole count.
+    /// The recent new prefixes in use of `backends` together, rounded to a whole
+    /// count.
     pub fn placed_on(&self, backends: impl Iterator<Item = BackendIdx>) -> u32 {
         backends.map(|b| self.recent(b)).sum::<f32>().round() as u32
     }
 
-    /// The backend's recent new prefixes, unrounded.
+    /// The backend's recent new prefixes in use, unrounded.
     pub fn recent(&self, backend: BackendIdx) -> f32 {
-        self.placed.get(backend).copied().unwrap_or(0.0)
+        self.live.get(backend).copied().unwrap_or(0.0)
     }
 
-    /// One more new prefix on `backend`.
-    pub fn record(&mut self, backend: BackendIdx) {
-        if self.placed.len() <= backend {
-            self.placed.resize(backend + 1, 0.0);
-        }
+    /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
+    /// it extends are used now, and the counts are brought up to date.
+    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) {
         for p in &mut self.placed {
-            *p *= NEW_PREFIX_MEMORY;
+            if !names(p, prompt) {
+                continue;
+            }
+            let gap = now_ms.saturating_sub(p.used_ms) as f32;
+            if gap > 0.0 {
+                p.gap_ms = gap;
+                self.gap_ms = if self.gap_ms > 0.0 {
+                    self.gap_ms + GAP_SMOOTHING * (gap - self.gap_ms)
+                } else {
+                    gap
+                };
+            }
+            p.used_ms = now_ms;
         }
-        self.placed[backend] += 1.0;
+        self.count(now_ms);
     }
+
+    /// One more new prefix on `backend`: `prompt` (its chained block hashes, empty
+    /// when unknown), of which no backend held more than `held` blocks. A prompt that
+    /// extends a placement kept (a conversation leaving its backend) moves it.
+    pub fn record(&mut self, backend: BackendIdx, prompt: &[u64], held: u32, now_ms: u64) {
+        for p in &mut self.placed {
+            p.weight *= NEW_PREFIX_MEMORY;
+        }
+        let moved = self.placed.iter_mut().find(|p| names(p, prompt));
+        match moved {
+            Some(p) => {
+                p.backend = backend;
+                p.weight = 1.0;
+                p.used_ms = now_ms;
+            }
+            None => {
+                let placed = Placed {
+                    backend,
+                    name: prompt.get(held as usize).map(|&hash| (held as usize, hash)),
+                    weight: 1.0,
+                    used_ms: now_ms,
+                    gap_ms: 0.0,
+                };
+                if self.placed.len() < NEW_PREFIXES_KEPT {
+                    self.placed.push(placed);
+                } else if let Some(oldest) = self
+                    .placed
+                    .iter_mut()
+                    .min_by(|a, b| a.weight.total_cmp(&b.weight))
+                {
+                    *oldest = placed;
+                }
+            }
+        }
+        self.count(now_ms);
+    }
+
+    /// Sums the weights of the placements in use at `now_ms` per backend.
+    fn count(&mut self, now_ms: u64) {
+        self.live.fill(0.0);
+        for p in &self.placed {
+            let gap = p.gap_ms.max(self.gap_ms);
+            let idle = now_ms.saturating_sub(p.used_ms) as f32;
+            if gap > 0.0 && idle > IN_USE_GAPS * gap {
+                continue;
+            }
+            if self.live.len() <= p.backend {
+                self.live.resize(p.backend + 1, 0.0);
+            }
+            self.live[p.backend] += p.weight;
+        }
+    }
+}
+
+/// Whether `prompt` extends the prompt `placed` was named after.
+fn names(placed: &Placed, prompt: &[u64]) -> bool {
+    placed
+        .name
+        .is_some_and(|(depth, hash)| prompt.get(depth) == Some(&hash))
 }
 
 /// The sizes of the last [`PROMPT_SIZES_KEPT`] prompts routed, in blocks: what a

@@ -36,6 +36,7 @@ mod tests {
             candidates: &cands,
             affinity_key: None,
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         let mut rng = fastrand::Rng::with_seed(1234);
         let mut seen = [0u32; 5];
@@ -51,6 +52,7 @@ mod tests {
             candidates: &[],
             affinity_key: None,
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         assert_eq!(Random::new().pick(&empty, &mut rng), None);
     }

@@ -43,6 +43,7 @@ mod tests {
             candidates: &cands,
             affinity_key: Some(1),
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         let mut rng = fastrand::Rng::with_seed(0);
         let mut rr = RoundRobin::new();
@@ -54,6 +55,7 @@ mod tests {
             candidates: &[],
             affinity_key: None,
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         assert_eq!(rr.pick(&empty, &mut rng), None);
     }

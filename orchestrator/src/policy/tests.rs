@@ -56,6 +56,7 @@ fn factory_builds_each_policy_and_dispatch_picks() {
         candidates: &cands,
         affinity_key: Some(99),
         prompt_blocks: 0,
+        ..RouteInput::default()
     };
     let mut rng = fastrand::Rng::with_seed(5);
     for name in PolicyName::ALL {
@@ -75,6 +76,7 @@ fn factory_builds_each_policy_and_dispatch_picks() {
             candidates: &[],
             affinity_key: None,
             prompt_blocks: 0,
+            ..RouteInput::default()
         };
         assert_eq!(policy.pick(&empty, &mut rng), None);
     }

@@ -24,6 +24,7 @@ fn pick(ch: &mut ConsistentHash, cands: &[Candidate], key: Option<u64>) -> Pick 
         candidates: cands,
         affinity_key: key,
         prompt_blocks: 0,
+        ..RouteInput::default()
     };
     ch.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
 }
@@ -207,6 +208,7 @@ fn empty_candidates_or_ring() {
                 candidates: &[],
                 affinity_key: Some(1),
                 prompt_blocks: 0,
+                ..RouteInput::default()
             },
             &mut fastrand::Rng::with_seed(0)
         )

@@ -43,6 +43,7 @@ fn pick_seeded(p: &mut PrefixAware, cands: &[Candidate], prompt_blocks: u32, see
         candidates: cands,
         affinity_key: Some(7),
         prompt_blocks,
+        ..RouteInput::default()
     };
     p.pick(&input, &mut fastrand::Rng::with_seed(seed)).unwrap()
 }
@@ -770,6 +771,7 @@ fn a_hot_prefix_replicates_instead_of_piling_up() {
             candidates: &cands,
             affinity_key: Some(1),
             prompt_blocks: 100,
+            ..RouteInput::default()
         };
         let Pick { backend, reason } = p.pick(&input, &mut rng).unwrap();
         reasons.push(reason);
@@ -804,6 +806,7 @@ fn no_candidates_no_pick() {
         candidates: &[],
         affinity_key: None,
         prompt_blocks: 10,
+        ..RouteInput::default()
     };
     assert_eq!(p.pick(&input, &mut fastrand::Rng::with_seed(0)), None);
 }
@@ -824,6 +827,7 @@ fn the_factory_passes_the_prefix_config() {
         candidates: &cands,
         affinity_key: None,
         prompt_blocks: 60,
+        ..RouteInput::default()
     };
     let pick = policy.pick(&input, &mut fastrand::Rng::with_seed(0));
     assert_eq!(pick, Some(picked(0, Reason::FallbackLeastLoaded)));
@@ -931,15 +935,103 @@ fn new_prefixes_spread_by_count_before_room() {
 fn recent_placements_fade() {
     let mut r = RecentPlacements::default();
     assert_eq!(r.placed(5), 0);
-    r.record(1);
+    r.record(1, &[], 0, 0);
     assert_eq!((r.placed(0), r.placed(1)), (0, 1));
     // Sixteen placements elsewhere later, the one on backend 1 counts as 0.36:
     // rounded, none.
     for _ in 0..16 {
-        r.record(0);
+        r.record(0, &[], 0, 0);
     }
     assert_eq!(r.placed(1), 0);
     assert!(r.placed(0) >= 9);
+}
+
+/// Conversation `k`'s prompt at `blocks` blocks, as chained hashes: every turn
+/// repeats the earlier ones, so it extends the prompts before it.
+fn conversation(k: u64, blocks: u64) -> Vec<u64> {
+    (0..blocks).map(|b| k * 1_000 + b).collect()
+}
+
+#[test]
+fn a_placement_counts_while_its_prefix_is_used() {
+    let mut r = RecentPlacements::default();
+    // Conversation 1 on backend 1 and 2 on backend 0, a turn every second.
+    r.record(1, &conversation(1, 5), 0, 0);
+    r.record(0, &conversation(2, 5), 0, 0);
+    for turn in 1..=4 {
+        r.observe(&conversation(1, 5 + 5 * turn), turn * 1_000);
+        r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
+    }
+    assert_eq!((r.placed(0), r.placed(1)), (1, 1));
+    // Conversation 1 ends; 2 goes on. Three gaps after its last turn, 1 still counts;
+    // past that it is over.
+    for turn in 5..=7 {
+        r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
+    }
+    assert_eq!((r.placed(0), r.placed(1)), (1, 1));
+    r.observe(&conversation(2, 45), 7_001);
+    assert_eq!((r.placed(0), r.placed(1)), (1, 0));
+    // A request about something else says nothing of either.
+    r.observe(&conversation(3, 9), 7_002);
+    assert_eq!((r.placed(0), r.placed(1)), (1, 0));
+}
+
+#[test]
+fn a_conversation_that_leaves_its_backend_takes_its_count_along() {
+    let mut r = RecentPlacements::default();
+    r.record(0, &conversation(1, 5), 0, 0);
+    // Its next turn goes to backend 2, which held none of it.
+    r.record(2, &conversation(1, 10), 0, 1_000);
+    assert_eq!((r.placed(0), r.placed(2)), (0, 1));
+}
+
+#[test]
+fn conversations_that_have_ended_do_not_crowd_their_engine() {
+    // The trace: engine 1 (idle) was given four conversations and engine 0 two, a
+    // turn every second; at 45 blocks each, five fill engine 1's 179-block cache.
+    // Engine 0 has two requests in flight. When engine 1's conversations go on, a
+    // fifth there would overflow it and the new one goes to engine 0; once they have
+    // ended (their last turn 4.5 s ago), engine 1 takes it.
+    let new_conversation_goes_to = |engine_1_ended: bool| {
+        let mut p = PrefixAware::new(&PrefixAwareConfig {
+            tokens_per_block: 10.0,
+            ..base()
+        });
+        for _ in 0..PROMPT_SIZES_KEPT {
+            p.prompt_sizes.record(45);
+        }
+        let on = |k: u64| if k <= 4 { 1 } else { 0 };
+        for k in 1..=6 {
+            p.recent_new_prefixes.record(on(k), &conversation(k, 5), 0, 0);
+        }
+        for turn in 1..=9 {
+            for k in 1..=6 {
+                if on(k) == 1 && engine_1_ended && turn > 5 {
+                    continue;
+                }
+                let blocks = (5 + 5 * turn).min(45);
+                p.recent_new_prefixes
+                    .observe(&conversation(k, blocks), turn * 1_000);
+            }
+        }
+        let engine = |b, in_flight| Candidate {
+            prefill_ns_per_token: 1_000_000,
+            cache_blocks: 179,
+            cache_free_blocks: Some(0),
+            ..c(b, in_flight, 0)
+        };
+        let cands = [engine(0, 2), engine(1, 0)];
+        let input = RouteInput {
+            candidates: &cands,
+            prompt_blocks: 5,
+            prompt: &conversation(7, 5),
+            now_ms: 9_500,
+            ..RouteInput::default()
+        };
+        p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
+    };
+    assert_eq!(new_conversation_goes_to(false), picked(0, Reason::NoMatch));
+    assert_eq!(new_conversation_goes_to(true), picked(1, Reason::NoMatch));
 }
 
 #[test]
@@ -1064,7 +1156,7 @@ fn crowding_needs_a_known_capacity_and_counts_the_overflow_at_a_prefill_a_block(
     assert_eq!(p.crowding_ns(&engine(0), 1_000), 0.0);
     // One new prefix of 60 blocks fits 100; the second overflows by 20 blocks.
     assert_eq!(p.crowding_ns(&engine(100), 60), 0.0);
-    p.recent_new_prefixes.record(0);
+    p.recent_new_prefixes.record(0, &[], 0, 0);
     assert_eq!(p.crowding_ns(&engine(100), 60), 20.0 * 10.0 * MS);
     // Off: never.
     let off = PrefixAware::new(&PrefixAwareConfig {
@@ -1115,7 +1207,7 @@ fn a_prompt_every_engine_holds_whole_goes_by_load() {
     // A hot document every engine holds, and a one-block question: nothing new to
     // place, so the least loaded holder takes it, whatever was placed where lately.
     let mut p = defaults();
-    p.recent_new_prefixes.record(1);
+    p.recent_new_prefixes.record(1, &[], 0, 0);
     let cands = [c(0, 3, 40), c(1, 1, 40), c(2, 2, 40)];
     assert_eq!(pick(&mut p, &cands, 41), picked(1, Reason::LongestPrefix));
 }
@@ -1138,7 +1230,7 @@ fn a_conversation_does_not_move_into_a_cache_its_growth_would_overflow() {
             p.prompt_sizes.record(50);
         }
         for _ in 0..3 {
-            p.recent_new_prefixes.record(1);
+            p.recent_new_prefixes.record(1, &[], 0, 0);
         }
         let engine = |b, fixed_ms: u32, matched| Candidate {
             prefill_ns_per_token: 500_000,
