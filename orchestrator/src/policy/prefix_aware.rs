@@ -492,8 +492,8 @@ impl PrefixAware {
 
     /// What the cost model makes of candidate `c` among `candidates` for a prompt
     /// of `prompt_blocks` blocks: the terms a decision weighed, for a log line that
-    /// explains it. Counts of new prefixes include the decision's own, when it
-    /// placed one.
+    /// explains it. Counts of new prefixes are as the policy last counted them: a
+    /// decision that weighed them counted them, its own placement included.
     pub fn explain(
         &self,
         candidates: &[Candidate],
@@ -616,7 +616,7 @@ impl PrefixAware {
     /// [`SATURATION_OVER_MEAN`] times the candidates' mean load (`mean_load`, from
     /// [`mean_load`]): it takes a request only when every candidate is saturated.
     pub fn is_saturated(&self, candidate: &Candidate, mean_load: f64) -> bool {
-        self.is_full(candidate) && load(candidate) as f64 >= mean_load * SATURATION_OVER_MEAN
+        saturated(candidate, self.saturation, mean_load)
     }
 }
 
@@ -634,7 +634,8 @@ impl RoutingPolicy for PrefixAware {
         };
 
         let mean_load = mean_load(candidates);
-        let is_saturated = |c: &Candidate| self.is_saturated(c, mean_load);
+        let saturation = self.saturation;
+        let is_saturated = |c: &Candidate| saturated(c, saturation, mean_load);
         // 1. The session's home, unless saturated.
         let home = choose(candidates, rng, |c| {
             (c.session_home && !is_saturated(c)).then(|| load(c))
@@ -690,6 +691,7 @@ impl RoutingPolicy for PrefixAware {
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately, then the most cache room.
             let footprint = self.footprint_blocks(shared);
+            self.recent_new_prefixes.count(input.now_ms);
             let later = |c: &Candidate| {
                 self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint)
             };
@@ -724,6 +726,7 @@ impl RoutingPolicy for PrefixAware {
                 .iter()
                 .any(|c| c.matched_blocks < best && c.cache_blocks > 0);
         let footprint = if moves_priced {
+            self.recent_new_prefixes.count(input.now_ms);
             self.footprint_blocks(shared)
         } else {
             0
@@ -883,7 +886,7 @@ impl RecentPlacements {
     }
 
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
-    /// it extends are used now, and the counts are brought up to date.
+    /// it extends are used now. The counts change at the next [`Self::count`].
     pub fn observe(&mut self, prompt: &[u64], now_ms: u64) {
         for p in &mut self.placed {
             if !names(p, prompt) {
@@ -900,7 +903,6 @@ impl RecentPlacements {
             }
             p.used_ms = now_ms;
         }
-        self.count(now_ms);
     }
 
     /// One more new prefix on `backend`: `prompt` (its chained block hashes, empty
@@ -939,8 +941,9 @@ impl RecentPlacements {
         self.count(now_ms);
     }
 
-    /// Sums the weights of the placements in use at `now_ms` per backend.
-    fn count(&mut self, now_ms: u64) {
+    /// Sums the weights of the placements in use at `now_ms` per backend: what the
+    /// counts read until the next call (a pick calls it only where they matter).
+    pub fn count(&mut self, now_ms: u64) {
         self.live.fill(0.0);
         for p in &self.placed {
             let gap = p.gap_ms.max(self.gap_ms);
@@ -1061,6 +1064,11 @@ pub fn mean_load(candidates: &[Candidate]) -> f64 {
 /// in-flight count, or the engine's scraped waiting queue when that is larger (other
 /// clients share the engine). Not their sum: when the gateway is the engine's only
 /// client, every waiting request is one of its own in-flight ones.
+/// [`PrefixAware::is_saturated`] at `saturation` requests.
+fn saturated(c: &Candidate, saturation: u64, mean_load: f64) -> bool {
+    load(c) >= saturation && load(c) as f64 >= mean_load * SATURATION_OVER_MEAN
+}
+
 fn load(c: &Candidate) -> u64 {
     u64::from(c.in_flight.max(c.engine_waiting))
 }

@@ -955,6 +955,10 @@ fn conversation(k: u64, blocks: u64) -> Vec<u64> {
 #[test]
 fn a_placement_counts_while_its_prefix_is_used() {
     let mut r = RecentPlacements::default();
+    let counted = |r: &mut RecentPlacements, now_ms| {
+        r.count(now_ms);
+        (r.placed(0), r.placed(1))
+    };
     // Conversation 1 on backend 1 and 2 on backend 0, a turn every second.
     r.record(1, &conversation(1, 5), 0, 0);
     r.record(0, &conversation(2, 5), 0, 0);
@@ -962,18 +966,17 @@ fn a_placement_counts_while_its_prefix_is_used() {
         r.observe(&conversation(1, 5 + 5 * turn), turn * 1_000);
         r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
     }
-    assert_eq!((r.placed(0), r.placed(1)), (1, 1));
+    assert_eq!(counted(&mut r, 4_000), (1, 1));
     // Conversation 1 ends; 2 goes on. Three gaps after its last turn, 1 still counts;
     // past that it is over.
     for turn in 5..=7 {
         r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
     }
-    assert_eq!((r.placed(0), r.placed(1)), (1, 1));
-    r.observe(&conversation(2, 45), 7_001);
-    assert_eq!((r.placed(0), r.placed(1)), (1, 0));
+    assert_eq!(counted(&mut r, 7_000), (1, 1));
+    assert_eq!(counted(&mut r, 7_001), (1, 0));
     // A request about something else says nothing of either.
     r.observe(&conversation(3, 9), 7_002);
-    assert_eq!((r.placed(0), r.placed(1)), (1, 0));
+    assert_eq!(counted(&mut r, 7_002), (1, 0));
 }
 
 #[test]
@@ -1002,7 +1005,8 @@ fn conversations_that_have_ended_do_not_crowd_their_engine() {
         }
         let on = |k: u64| if k <= 4 { 1 } else { 0 };
         for k in 1..=6 {
-            p.recent_new_prefixes.record(on(k), &conversation(k, 5), 0, 0);
+            p.recent_new_prefixes
+                .record(on(k), &conversation(k, 5), 0, 0);
         }
         for turn in 1..=9 {
             for k in 1..=6 {
