@@ -403,6 +403,9 @@ struct PrefixAwareWire {
     /// Count a match only as far as it fits in the engine's cache beside the
     /// prompts of the requests in flight there (false: whole, the ablation).
     price_cache_in_use: bool,
+    /// A new prefix counts toward its backend's recent ones only while prompts that
+    /// extend it keep coming (false: until sixteen more are placed, the ablation).
+    forget_unused_placements: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -422,6 +425,7 @@ impl Default for PrefixAwareWire {
             spread_new_prefixes: d.spread_new_prefixes,
             price_footprint: d.price_footprint,
             price_cache_in_use: d.price_cache_in_use,
+            forget_unused_placements: d.forget_unused_placements,
         }
     }
 }
@@ -1392,6 +1396,7 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         spread_new_prefixes: p.spread_new_prefixes,
         price_footprint: p.price_footprint,
         price_cache_in_use: p.price_cache_in_use,
+        forget_unused_placements: p.forget_unused_placements,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1895,6 +1900,19 @@ mod tests {
         assert!(routing("").unwrap().routing.prefix_aware.price_footprint);
         let off = routing("[routing.prefix_aware]\nprice_footprint = false").unwrap();
         assert!(!off.routing.prefix_aware.price_footprint);
+    }
+
+    #[test]
+    fn forget_unused_placements_is_read() {
+        assert!(
+            routing("")
+                .unwrap()
+                .routing
+                .prefix_aware
+                .forget_unused_placements
+        );
+        let off = routing("[routing.prefix_aware]\nforget_unused_placements = false").unwrap();
+        assert!(!off.routing.prefix_aware.forget_unused_placements);
     }
 
     #[test]

@@ -218,7 +218,8 @@ struct RealArgs {
     /// `prefix_aware_no_shared_compute` one not told which engines share a core (no
     /// `compute_group`; the others are), `prefix_aware_no_cache_in_use` one that
     /// counts a cached prefix whole however much of its engine's cache the requests
-    /// in flight there hold (the ablations).
+    /// in flight there hold, `prefix_aware_keep_unused_placements` one that counts a
+    /// new prefix placed lately whether or not prompts still use it (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -133,6 +133,10 @@ pub const NO_SHARED_COMPUTE: &str = "prefix_aware_no_shared_compute";
 /// however much of the engine's cache the requests in flight hold
 /// (`routing.prefix_aware.price_cache_in_use = false`): an ablation.
 pub const NO_CACHE_IN_USE: &str = "prefix_aware_no_cache_in_use";
+/// The policy name that selects prefix_aware on a gateway that counts a new prefix
+/// placed lately whether or not prompts still use it
+/// (`routing.prefix_aware.forget_unused_placements = false`): an ablation.
+pub const KEEP_UNUSED_PLACEMENTS: &str = "prefix_aware_keep_unused_placements";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -159,6 +163,7 @@ enum Variant {
     NoSharedCompute,
     /// Bytes mode with a match counted whole however busy its engine's cache.
     NoCacheInUse,
+    KeepUnusedPlacements,
 }
 
 impl Variant {
@@ -175,6 +180,7 @@ impl Variant {
             NO_FOOTPRINT => (Variant::NoFootprint, "prefix_aware"),
             NO_SHARED_COMPUTE => (Variant::NoSharedCompute, "prefix_aware"),
             NO_CACHE_IN_USE => (Variant::NoCacheInUse, "prefix_aware"),
+            KEEP_UNUSED_PLACEMENTS => (Variant::KeepUnusedPlacements, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -192,6 +198,7 @@ impl Variant {
             Variant::NoFootprint => "no-footprint",
             Variant::NoSharedCompute => "no-shared-compute",
             Variant::NoCacheInUse => "no-cache-in-use",
+            Variant::KeepUnusedPlacements => "keep-unused-placements",
         }
     }
 }
@@ -622,6 +629,9 @@ impl Gateway {
             }
             Variant::NoCacheInUse => {
                 toml.push_str("\n[routing.prefix_aware]\nprice_cache_in_use = false\n")
+            }
+            Variant::KeepUnusedPlacements => {
+                toml.push_str("\n[routing.prefix_aware]\nforget_unused_placements = false\n")
             }
             Variant::Bytes | Variant::Precise | Variant::NoSharedCompute => {}
         }

@@ -123,6 +123,7 @@ pub const KEYS: &[Key] = &[
     live("routing.prefix_aware.spread_new_prefixes"),
     live("routing.prefix_aware.price_footprint"),
     live("routing.prefix_aware.price_cache_in_use"),
+    live("routing.prefix_aware.forget_unused_placements"),
     live("routing.rag_field"),
     live("routing.rag_chunk_weight"),
     restart("routing.rag_max_chunks"),

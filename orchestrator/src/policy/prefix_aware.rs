@@ -259,6 +259,10 @@ pub struct PrefixAwareConfig {
     /// flight on its backend hold ([`PrefixAware::kept_blocks`]); off, a match
     /// counts whole however busy its backend's cache (the ablation).
     pub price_cache_in_use: bool,
+    /// A new prefix placed counts toward its backend's recent new prefixes only while
+    /// prompts that extend it keep coming ([`RecentPlacements`]); off, until enough
+    /// others are placed after it, however long ago it was last used (the ablation).
+    pub forget_unused_placements: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -278,6 +282,7 @@ impl Default for PrefixAwareConfig {
             spread_new_prefixes: true,
             price_footprint: true,
             price_cache_in_use: true,
+            forget_unused_placements: true,
         }
     }
 }
@@ -319,7 +324,10 @@ impl PrefixAware {
             spread_new_prefixes: config.spread_new_prefixes,
             price_footprint: config.price_footprint,
             price_cache_in_use: config.price_cache_in_use,
-            recent_new_prefixes: RecentPlacements::default(),
+            recent_new_prefixes: RecentPlacements {
+                keep_unused: !config.forget_unused_placements,
+                ..RecentPlacements::default()
+            },
             prompt_sizes: PromptSizes::default(),
         }
     }
@@ -808,16 +816,19 @@ pub struct Explained {
 /// real`, multiturn after docs, concurrency 1: engine hit rate 0.2–0.5 of the
 /// ceiling). Counted, eight spread 3/3/2 and room settles the rest.
 ///
-/// A placement is named by the prompt's chained block hash at the first block no
-/// backend held (its `depth`), which every later turn of the same conversation, or
-/// request about the same document, repeats: each such request *uses* it. Counted
+/// A placement is named by the prompt's chained block hash at its last block (its
+/// `depth`), which every later turn of the same conversation repeats: each such
+/// request *uses* it. Named at the first block no backend held instead, a chat
+/// template's first block, shared by every conversation and cached nowhere yet,
+/// named many, which every request then used and every new one moved. Counted
 /// only by placements, conversations that had ended weighed on their engine until
 /// sixteen more were placed: after the documents of a docs run, and at the turn
 /// where a multiturn run's conversations start over, the engine alone on its core
 /// was charged 1.6–2.0 s of crowding for them and took two of eight new
 /// conversations while it idled (`radixgate-bench real`, multiturn, concurrency 8;
-/// the decision log). A placement that was never used again (no name, or a prompt
-/// asked once) is in use for as long after it was placed.
+/// the decision log). A placement that was never used again (no name, a prompt
+/// asked once, a document asked other questions after it) is in use for as long
+/// after it was placed: what a document adds to its cache does not grow.
 #[derive(Clone, Debug, Default)]
 pub struct RecentPlacements {
     /// The new prefixes placed lately, at most [`NEW_PREFIXES_KEPT`]: when full, the
@@ -829,14 +840,17 @@ pub struct RecentPlacements {
     /// The mean time between two uses of a placed prefix, in ms (moving average; 0:
     /// none seen yet, and then every placement counts as in use).
     gap_ms: f32,
+    /// Count every placement kept, used lately or not (`forget_unused_placements =
+    /// false`, the ablation).
+    keep_unused: bool,
 }
 
 /// One new prefix placed ([`RecentPlacements`]).
 #[derive(Clone, Copy, Debug)]
 struct Placed {
     backend: BackendIdx,
-    /// The prompt's chained hash at `depth`: every prompt that extends this one has
-    /// it there. `None` when the prompt had no block beyond what backends held.
+    /// The prompt's chained hash at `depth`, its last block: every prompt that
+    /// extends this one has it there. `None` when backends held all of it.
     name: Option<(usize, u64)>,
     weight: f32,
     /// When it was placed or last used, in ms.
@@ -922,7 +936,11 @@ impl RecentPlacements {
             None => {
                 let placed = Placed {
                     backend,
-                    name: prompt.get(held as usize).map(|&hash| (held as usize, hash)),
+                    name: prompt
+                        .len()
+                        .checked_sub(1)
+                        .filter(|&last| last >= held as usize)
+                        .map(|last| (last, prompt[last])),
                     weight: 1.0,
                     used_ms: now_ms,
                     gap_ms: 0.0,
@@ -948,7 +966,7 @@ impl RecentPlacements {
         for p in &self.placed {
             let gap = p.gap_ms.max(self.gap_ms);
             let idle = now_ms.saturating_sub(p.used_ms) as f32;
-            if gap > 0.0 && idle > IN_USE_GAPS * gap {
+            if !self.keep_unused && gap > 0.0 && idle > IN_USE_GAPS * gap {
                 continue;
             }
             if self.live.len() <= p.backend {

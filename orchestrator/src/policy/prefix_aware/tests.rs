@@ -84,6 +84,7 @@ fn default_config() {
             spread_new_prefixes: true,
             price_footprint: true,
             price_cache_in_use: true,
+            forget_unused_placements: true,
         }
     );
 }
@@ -974,9 +975,27 @@ fn a_placement_counts_while_its_prefix_is_used() {
     }
     assert_eq!(counted(&mut r, 7_000), (1, 1));
     assert_eq!(counted(&mut r, 7_001), (1, 0));
-    // A request about something else says nothing of either.
+    // A request about something else says nothing of either, nor one that shares
+    // only the first blocks (a chat template) with conversation 1's first turn.
     r.observe(&conversation(3, 9), 7_002);
+    let same_template = [1_000, 1_001, 1_002, 3_003, 3_004];
+    r.observe(&same_template, 7_002);
     assert_eq!(counted(&mut r, 7_002), (1, 0));
+}
+
+#[test]
+fn kept_unused_a_placement_counts_until_others_displace_it() {
+    let mut r = RecentPlacements {
+        keep_unused: true,
+        ..RecentPlacements::default()
+    };
+    r.record(1, &conversation(1, 5), 0, 0);
+    r.record(0, &conversation(2, 5), 0, 0);
+    for turn in 1..=9 {
+        r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
+    }
+    r.count(9_000);
+    assert_eq!((r.placed(0), r.placed(1)), (1, 1));
 }
 
 #[test]
