@@ -54,7 +54,9 @@ pub struct Shared {
     /// Shard → coordinator request outcomes, for the circuit breakers.
     pub outcomes: crossbeam_channel::Sender<Outcome>,
     pub replica_sent: ReplicaSent,
-    /// Index events the coordinator has received from shards (coordinator writes).
+    /// Index events the coordinator has received from shards and peer replicas
+    /// (coordinator writes; this replica's own engine facts are not counted, so
+    /// that the pending gauge compares like with like).
     pub coordinator_received: AtomicU64,
     /// Blocks in the coordinator's authoritative index (coordinator writes).
     pub index_blocks: AtomicU64,

@@ -218,10 +218,16 @@ impl Coordinator {
     }
 
     fn replicate(&mut self, event: IndexEvent) {
-        self.shared
-            .coordinator_received
-            .fetch_add(1, Ordering::Relaxed);
+        let counted = event.origin != Origin::Local;
         self.apply_and_fan_out(event);
+        // Counted once fanned out (Release): a scrape that reads this count first
+        // and the per-shard sent counts after sees this event as sent, so
+        // "nothing pending, no shard lagging" means every shard has it.
+        if counted {
+            self.shared
+                .coordinator_received
+                .fetch_add(1, Ordering::Release);
+        }
     }
 
     fn apply_and_fan_out(&mut self, event: IndexEvent) {

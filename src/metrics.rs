@@ -769,13 +769,17 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
         "Routing inserts and session re-bindings not recorded or replicated: the pick already held the whole prompt (was the session's home), used less than routing.index_touch_ms ago.",
     )
     .row(vec![], Value::Int(merged.index_touches_coalesced));
-    let pending = merged
-        .index_events_published
-        .saturating_sub(g.coordinator_received);
+    // Peers' ops count too: they reach the coordinator on the same channel, and a
+    // replica has caught up with its peers only once the coordinator has them.
+    let from_peers = g.cluster.map_or(0, |c| {
+        c.ops_applied.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    let pending =
+        (merged.index_events_published + from_peers).saturating_sub(g.coordinator_received);
     out.family(
         "radixgate_replica_pending_events",
         Kind::Gauge,
-        "Index events shards have sent that the coordinator has not received yet.",
+        "Index events shards and peer replicas have sent that the coordinator has not received yet.",
     )
     .row(vec![], Value::Int(pending));
     out.family(

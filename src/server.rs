@@ -521,6 +521,10 @@ async fn scrape(shard: &Shard) -> String {
         })
         .collect();
     let tenant_tiers = fleet.live.tenants.tiers();
+    // Read before the sent counts (see `Coordinator::replicate`).
+    let coordinator_received = shared
+        .coordinator_received
+        .load(std::sync::atomic::Ordering::Acquire);
     let replica_sent: Vec<u64> = (0..shared.shard_commands.len())
         .map(|k| shared.replica_sent.get(k))
         .collect();
@@ -553,9 +557,7 @@ async fn scrape(shard: &Shard) -> String {
                 .anonymous_tier
                 .as_deref()
                 .unwrap_or("anonymous"),
-            coordinator_received: shared
-                .coordinator_received
-                .load(std::sync::atomic::Ordering::Relaxed),
+            coordinator_received,
             engine: &fleet.engine,
             breaker: &fleet.breaker,
             healthy: &fleet.healthy,

@@ -98,7 +98,9 @@ fn applied(addr: SocketAddr) -> f64 {
 }
 
 /// Sends `body` to `from` and waits until replica `to` has applied the routing ops
-/// it published (in its coordinator and its shard); returns the backend it chose.
+/// it published (in its coordinator and its shard) and has heard that the request
+/// ended (a peer's request still counted in flight can rightly send the next one
+/// elsewhere); returns the backend it chose.
 fn route_and_share(from: SocketAddr, to: SocketAddr, body: &str) -> String {
     let before = applied(to);
     let (status, home, _) = ask(from, body);
@@ -108,6 +110,13 @@ fn route_and_share(from: SocketAddr, to: SocketAddr, body: &str) -> String {
         "replica {to} never applied what {from} routed"
     );
     common::wait_replicated(to);
+    assert!(
+        eventually(Duration::from_secs(5), || scrape(to)
+            .lines()
+            .filter(|l| l.starts_with("radixgate_cluster_peer_in_flight{"))
+            .all(|l| l.ends_with(" 0"))),
+        "replica {to} still counts {from}'s request in flight"
+    );
     home
 }
 
