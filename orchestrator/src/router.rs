@@ -32,7 +32,7 @@ use crate::admission::Estimate;
 use crate::breaker::BreakerState;
 use crate::disagg::{self, DecodeCandidate, DisaggPolicy, LocalWhy, PairDecision, PairInput};
 use crate::media::{Capabilities, MediaNeeds};
-use crate::policy::prefix_aware::{Explained, PrefixAware};
+use crate::policy::prefix_aware::{prompt_tail, Explained, PrefixAware, PromptTail};
 use crate::policy::{
     build_policy, BackendIdx, Candidate, Pick, Policy, PolicyConfig, PolicyName, Reason,
     RouteInput, RoutingPolicy,
@@ -341,6 +341,10 @@ pub struct Decision {
     /// The prompt's blocks when the decision inserts them for the pick (what
     /// [`Decision::roll_back`] undoes); `None` when nothing is inserted.
     pub inserted: Option<Arc<[u64]>>,
+    /// What to tell [`Router::request_ended`] when the request ends: its prompt's
+    /// tail under the `prefix_aware` policy, whose placements time their use from
+    /// their requests' ends (`None` otherwise: nothing to tell).
+    pub prompt_tail: PromptTail,
 }
 
 impl Decision {
@@ -375,6 +379,13 @@ impl PolicySet {
     /// The `prefix_aware` instance, once built.
     fn prefix_aware(&self) -> Option<&PrefixAware> {
         self.0.iter().flatten().find_map(|p| match p {
+            Policy::PrefixAware(p) => Some(p),
+            _ => None,
+        })
+    }
+
+    fn prefix_aware_mut(&mut self) -> Option<&mut PrefixAware> {
+        self.0.iter_mut().flatten().find_map(|p| match p {
             Policy::PrefixAware(p) => Some(p),
             _ => None,
         })
@@ -448,6 +459,18 @@ impl Router {
             self.cost_model = PrefixAware::new(&config.policy.prefix);
             self.policies = PolicySet::default();
             self.config = config;
+        }
+    }
+
+    /// The request decided as `tail` ([`Decision::prompt_tail`]) ended at `now_ms`
+    /// (however it ended): the `prefix_aware` policy's placements it used wait for
+    /// their next use from now ([`crate::policy::prefix_aware::RecentPlacements`]).
+    pub fn request_ended(&mut self, tail: PromptTail, now_ms: u64) {
+        if tail.is_none() {
+            return;
+        }
+        if let Some(p) = self.policies.prefix_aware_mut() {
+            p.request_ended(tail, now_ms);
         }
     }
 
@@ -529,6 +552,11 @@ impl Router {
             ops: Ops::default(),
             coalesced: 0,
             inserted: None,
+            prompt_tail: if facts.policy == PolicyName::PrefixAware {
+                prompt_tail(facts.blocks)
+            } else {
+                None
+            },
         };
         self.record_insert(replica, &mut decision, facts.blocks, now_ms);
         if !facts.chunks.is_empty() {
@@ -640,6 +668,7 @@ impl Router {
                 ops,
                 coalesced: 0,
                 inserted: shared.clone(),
+                prompt_tail: None,
             }
         };
         Ok(PairOutcome::Split {

@@ -11,7 +11,7 @@
 //! backend's fault, so its breaker is not told.
 
 use super::exchange::Exchange;
-use super::route::{route, routing_facts, ProbeGuard};
+use super::route::{route, routing_facts, EndGuard, ProbeGuard};
 use super::{parse_prompt, with_cache_salt, write_upstream_head_for, UpstreamHead};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -108,6 +108,7 @@ pub async fn call(
         .observe(started.elapsed());
     let backend = route.pick.backend;
     let _probe = ProbeGuard::enter(shard, &route);
+    let _ended = EndGuard::enter(shard, &route);
     let _in_flight = InFlightGuard::enter(
         &shard.shared.in_flight,
         shard.id,

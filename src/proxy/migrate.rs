@@ -26,7 +26,7 @@
 //! migration: a last `data:` event with the error in OpenAI's shape.
 
 use super::exchange::{end_stream_with, next_body_piece, BodyPiece, BodyTracker, Exchange};
-use super::route::{roll_back, route, routing_facts, ProbeGuard};
+use super::route::{roll_back, route, routing_facts, EndGuard, ProbeGuard};
 use super::{write_upstream_head, Request};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -458,6 +458,7 @@ pub(super) async fn resume(
         );
         let span = crate::trace::start_child(&TraceContext::of(req.head));
         let _probe = ProbeGuard::enter(shard, &decision);
+        let _ended = EndGuard::enter(shard, &decision);
         let _in_flight = InFlightGuard::enter(
             &shard.shared.in_flight,
             shard.id,

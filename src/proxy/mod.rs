@@ -36,7 +36,7 @@ use monoio::io::AsyncWriteRentExt;
 use monoio::time::Instant;
 use radixgate_orchestrator::Decision;
 use radixgate_orchestrator::PolicyName;
-use route::{policy_for, route_at, routing_facts, ProbeGuard};
+use route::{policy_for, route_at, routing_facts, EndGuard, ProbeGuard};
 use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -589,6 +589,7 @@ async fn attempt_all(
             crate::trace::emit(shard, span);
         }
         let probe = ProbeGuard::enter(shard, &route);
+        let ended = EndGuard::enter(shard, &route);
         let in_flight =
             InFlightGuard::enter(&shared.in_flight, shard.id, backend, route.prompt_blocks);
         let retry_possible = attempt < max_attempts && route.alternatives > 0;
@@ -713,7 +714,7 @@ async fn attempt_all(
                 stalled,
             }) => {
                 // The cut backend holds nothing of this request any more.
-                drop((probe, in_flight));
+                drop((probe, ended, in_flight));
                 if stalled {
                     forget_stalled(shard, &route);
                 } else {

@@ -268,6 +268,32 @@ pub(super) fn route_error(
     }
 }
 
+/// Tells the shard's router when an attempt it placed ends, however it ends (the
+/// `prefix_aware` policy times its placements' use from their requests' ends:
+/// [`radixgate_orchestrator::Router::request_ended`]). `None` when there is nothing
+/// to tell.
+pub(super) struct EndGuard<'s> {
+    shard: &'s Shard,
+    tail: (usize, u64),
+}
+
+impl<'s> EndGuard<'s> {
+    pub fn enter(shard: &'s Shard, decision: &Decision) -> Option<Self> {
+        decision.prompt_tail.map(|tail| EndGuard { shard, tail })
+    }
+}
+
+impl Drop for EndGuard<'_> {
+    fn drop(&mut self) {
+        let now_ms = self.shard.shared.now_ms();
+        // Never borrowed across an await; `try_` so that a drop during a decision
+        // (a panic unwinding through one) cannot panic again.
+        if let Ok(mut router) = self.shard.router.try_borrow_mut() {
+            router.request_ended(Some(self.tail), now_ms);
+        }
+    }
+}
+
 /// Holds one of the shard's half-open probe slots for a backend while an attempt runs.
 pub(super) struct ProbeGuard<'s> {
     shard: &'s Shard,

@@ -32,6 +32,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::num::NonZeroUsize;
 
+use radixgate_orchestrator::policy::prefix_aware::PromptTail;
 use radixgate_orchestrator::{
     ChunkIndex, FleetState, IndexConfig, IndexOp, MediaNeeds, PolicyConfig, PolicyName,
     PrefixIndex, PromptHasher, Reason, Replica, Router, RouterConfig, RoutingFacts, SessionTable,
@@ -153,6 +154,10 @@ struct Issued {
     /// Uncached prompt tokens the router predicted, counted in the backend's pending
     /// prefill until the first token.
     predicted_uncached: u32,
+    /// The gateway replica that routed it, and what to tell its router when it
+    /// completes ([`radixgate_orchestrator::Decision::prompt_tail`]).
+    router: usize,
+    tail: PromptTail,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -346,6 +351,8 @@ pub fn run(
                 backend: b,
                 issued_ns: now,
                 predicted_uncached,
+                router: at,
+                tail: routed.prompt_tail,
             });
             let job = Job {
                 request: id,
@@ -408,6 +415,7 @@ pub fn run(
             }
             Event::Complete { request } => {
                 let r = &issued[request];
+                routers[r.router].request_ended(r.tail, now / 1_000_000);
                 last_completion = now;
                 in_flight[r.backend] -= 1;
                 in_flight_blocks[r.backend] -= prompts[r.session][r.turn].blocks.len() as u32;

@@ -628,6 +628,14 @@ impl PrefixAware {
     }
 }
 
+impl PrefixAware {
+    /// A request this policy placed, whose prompt ends in `tail`, ended at `now_ms`
+    /// ([`RecentPlacements::ended`]).
+    pub fn request_ended(&mut self, tail: PromptTail, now_ms: u64) {
+        self.recent_new_prefixes.ended(tail, now_ms);
+    }
+}
+
 impl RoutingPolicy for PrefixAware {
     fn pick(&mut self, input: &RouteInput<'_>, rng: &mut fastrand::Rng) -> Option<Pick> {
         let candidates = input.candidates;
@@ -829,6 +837,20 @@ pub struct Explained {
 /// the decision log). A placement that was never used again (no name, a prompt
 /// asked once, a document asked other questions after it) is in use for as long
 /// after it was placed: what a document adds to its cache does not grow.
+///
+/// The gateway also says when each request ends ([`Self::ended`]). Once the request
+/// that last used a placement has ended, the time until the next use is the
+/// client's own (reading, typing, a tool call), not the engine's: the placement then
+/// counts for [`IN_USE_GAPS`] times that "think" time (its own last one, or the
+/// moving mean of all, whichever is longer, at least [`THINK_FLOOR_MS`]) after the
+/// end. Timed from its uses alone, a conversation that had ended counted for three
+/// of its turn-to-turn gaps, queueing included: on the engine alone on its core,
+/// the ended conversations counted for up to 5 s after their last turns began
+/// (1.4–1.9 s of crowding while it had one request in flight or none), and six of
+/// eight new conversations went to the shared core (`radixgate-bench real`,
+/// multiturn, concurrency 8, seed 2; the decision log).
+/// While that request is in flight, or when ends are not reported, the time
+/// between uses decides as above.
 #[derive(Clone, Debug, Default)]
 pub struct RecentPlacements {
     /// The new prefixes placed lately, at most [`NEW_PREFIXES_KEPT`]: when full, the
@@ -840,6 +862,9 @@ pub struct RecentPlacements {
     /// The mean time between two uses of a placed prefix, in ms (moving average; 0:
     /// none seen yet, and then every placement counts as in use).
     gap_ms: f32,
+    /// The mean time from a request's end to the next use of the placement it used,
+    /// in ms (moving average; 0: none seen yet).
+    think_ms: f32,
     /// Count every placement kept, used lately or not (`forget_unused_placements =
     /// false`, the ablation).
     keep_unused: bool,
@@ -857,6 +882,23 @@ struct Placed {
     used_ms: u64,
     /// The time between its last two uses, in ms (0: used once).
     gap_ms: f32,
+    /// The request that used it last, by its prompt's tail ([`PromptTail`]).
+    user: PromptTail,
+    /// When that request ended, in ms (`None` while it is in flight, or when the
+    /// gateway does not report ends).
+    ended_ms: Option<u64>,
+    /// The time from the end of a request to its next use, last seen (0: none).
+    think_ms: f32,
+}
+
+/// A request's prompt by its last block: the depth and chained hash there (`None`
+/// for an empty prompt). What [`RecentPlacements::ended`] is told, so that the
+/// gateway need not keep a whole prompt until its request ends.
+pub type PromptTail = Option<(usize, u64)>;
+
+/// The tail of `prompt` (its chained block hashes).
+pub fn prompt_tail(prompt: &[u64]) -> PromptTail {
+    prompt.len().checked_sub(1).map(|last| (last, prompt[last]))
 }
 
 /// The decay of [`RecentPlacements`] per new prefix placed: `1 - 1/16`, a memory of
@@ -871,6 +913,11 @@ pub const NEW_PREFIXES_KEPT: usize = 32;
 /// longer): a conversation whose next turn is three gaps late has ended, or gone
 /// quiet for long enough that its blocks are the least recently used.
 pub const IN_USE_GAPS: f32 = 3.0;
+
+/// The least "think" time [`RecentPlacements`] counts with, in ms: a benchmark's
+/// client sends the next turn within milliseconds of the last one's end, and a
+/// turn a few milliseconds later than that is not a conversation that ended.
+pub const THINK_FLOOR_MS: f32 = 250.0;
 
 /// The weight of a new gap in [`RecentPlacements`]'s mean gap.
 const GAP_SMOOTHING: f32 = 1.0 / 8.0;
@@ -902,6 +949,7 @@ impl RecentPlacements {
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
     /// it extends are used now. The counts change at the next [`Self::count`].
     pub fn observe(&mut self, prompt: &[u64], now_ms: u64) {
+        let user = prompt_tail(prompt);
         for p in &mut self.placed {
             if !names(p, prompt) {
                 continue;
@@ -909,13 +957,28 @@ impl RecentPlacements {
             let gap = now_ms.saturating_sub(p.used_ms) as f32;
             if gap > 0.0 {
                 p.gap_ms = gap;
-                self.gap_ms = if self.gap_ms > 0.0 {
-                    self.gap_ms + GAP_SMOOTHING * (gap - self.gap_ms)
-                } else {
-                    gap
-                };
+                self.gap_ms = smooth(self.gap_ms, gap);
+            }
+            if let Some(ended) = p.ended_ms.take() {
+                let think = now_ms.saturating_sub(ended) as f32;
+                p.think_ms = think;
+                self.think_ms = smooth(self.think_ms, think);
             }
             p.used_ms = now_ms;
+            p.user = user;
+        }
+    }
+
+    /// The request whose prompt ends in `tail` ([`prompt_tail`]) ended at `now_ms`:
+    /// the placements it used last wait for their next use from now.
+    pub fn ended(&mut self, tail: PromptTail, now_ms: u64) {
+        if tail.is_none() {
+            return;
+        }
+        for p in &mut self.placed {
+            if p.user == tail {
+                p.ended_ms = Some(now_ms);
+            }
         }
     }
 
@@ -934,16 +997,16 @@ impl RecentPlacements {
                 p.used_ms = now_ms;
             }
             None => {
+                let user = prompt_tail(prompt);
                 let placed = Placed {
                     backend,
-                    name: prompt
-                        .len()
-                        .checked_sub(1)
-                        .filter(|&last| last >= held as usize)
-                        .map(|last| (last, prompt[last])),
+                    name: user.filter(|&(last, _)| last >= held as usize),
                     weight: 1.0,
                     used_ms: now_ms,
                     gap_ms: 0.0,
+                    user,
+                    ended_ms: None,
+                    think_ms: 0.0,
                 };
                 if self.placed.len() < NEW_PREFIXES_KEPT {
                     self.placed.push(placed);
@@ -964,9 +1027,7 @@ impl RecentPlacements {
     pub fn count(&mut self, now_ms: u64) {
         self.live.fill(0.0);
         for p in &self.placed {
-            let gap = p.gap_ms.max(self.gap_ms);
-            let idle = now_ms.saturating_sub(p.used_ms) as f32;
-            if !self.keep_unused && gap > 0.0 && idle > IN_USE_GAPS * gap {
+            if !self.keep_unused && !self.in_use(p, now_ms) {
                 continue;
             }
             if self.live.len() <= p.backend {
@@ -974,6 +1035,32 @@ impl RecentPlacements {
             }
             self.live[p.backend] += p.weight;
         }
+    }
+}
+
+impl RecentPlacements {
+    /// Whether `p` is still in use at `now_ms` (the type's docs say how it is told).
+    fn in_use(&self, p: &Placed, now_ms: u64) -> bool {
+        match p.ended_ms {
+            Some(ended) => {
+                let think = p.think_ms.max(self.think_ms).max(THINK_FLOOR_MS);
+                now_ms.saturating_sub(ended) as f32 <= IN_USE_GAPS * think
+            }
+            None => {
+                let gap = p.gap_ms.max(self.gap_ms);
+                gap == 0.0 || now_ms.saturating_sub(p.used_ms) as f32 <= IN_USE_GAPS * gap
+            }
+        }
+    }
+}
+
+/// `mean` moved towards `sample` by [`GAP_SMOOTHING`] (the sample itself when no
+/// mean yet).
+fn smooth(mean: f32, sample: f32) -> f32 {
+    if mean > 0.0 {
+        mean + GAP_SMOOTHING * (sample - mean)
+    } else {
+        sample
     }
 }
 

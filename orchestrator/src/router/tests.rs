@@ -671,3 +671,49 @@ fn the_last_decision_is_explained_candidate_by_candidate() {
     assert_eq!((holder.placed_on_hardware, holder.free_room), (0, 54));
     assert_eq!(busy.free_room, 64);
 }
+
+#[test]
+fn the_end_of_a_request_reaches_the_placements_it_used() {
+    // Two new prompts on an idle fleet, the second 851 ms after the first: the
+    // first counts as a recent placement unless its request was said to have ended
+    // more than three think-time floors (750 ms) before.
+    let placed_after = |first_ended: bool| {
+        let mut r = router();
+        let mut rep = replica(2, 100);
+        let fleet = TestFleet::healthy(2);
+        let (a, b) = (prompt(1, 8), prompt(100, 8));
+        let d = route(
+            &mut r,
+            &mut rep,
+            &fleet,
+            &facts(PolicyName::PrefixAware, &a),
+            0,
+        );
+        assert_eq!(d.prompt_tail, Some((7, 8)));
+        if first_ended {
+            r.request_ended(d.prompt_tail, 100);
+        }
+        route(
+            &mut r,
+            &mut rep,
+            &fleet,
+            &facts(PolicyName::PrefixAware, &b),
+            851,
+        );
+        r.explain_last(8).map(|e| e.placed_on_hardware).sum::<u32>()
+    };
+    assert_eq!(placed_after(false), 2);
+    assert_eq!(placed_after(true), 1);
+    // Other policies keep no placements: nothing to tell.
+    let mut r = router();
+    let mut rep = replica(2, 100);
+    let a = prompt(1, 8);
+    let d = route(
+        &mut r,
+        &mut rep,
+        &TestFleet::healthy(2),
+        &facts(PolicyName::RoundRobin, &a),
+        0,
+    );
+    assert_eq!(d.prompt_tail, None);
+}

@@ -181,6 +181,12 @@ fn replay(spec: WorkloadSpec, policy: PolicyName, session_ids: bool) -> usize {
             let m = simulator.decide(&sim_replica, &sim_fleet, &simulated, now_ms);
             assert_eq!(g, m, "session {s} turn {turn}");
             drop(guards);
+            // The request ends before the next decision (its end is a decision
+            // input too: the placements it used wait for their next use from it).
+            if let (Ok(g), Ok(m)) = (&g, &m) {
+                gateway.request_ended(g.prompt_tail, now_ms + 3);
+                simulator.request_ended(m.prompt_tail, now_ms + 3);
+            }
             if let (Ok(mut g), Ok(mut m)) = (g, m) {
                 for op in g.ops.take() {
                     gateway_replica.apply(&op);

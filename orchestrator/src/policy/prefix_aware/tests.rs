@@ -984,6 +984,51 @@ fn a_placement_counts_while_its_prefix_is_used() {
 }
 
 #[test]
+fn once_its_last_request_ended_a_placement_counts_for_the_clients_think_time() {
+    let mut r = RecentPlacements::default();
+    let counted = |r: &mut RecentPlacements, now_ms| {
+        r.count(now_ms);
+        (r.placed(0), r.placed(1))
+    };
+    // Two conversations, a turn every 2 s: each turn takes 1.9 s (queue, prefill,
+    // decode) and the client sends the next 100 ms after the last one ended.
+    r.record(1, &conversation(1, 5), 0, 0);
+    r.record(0, &conversation(2, 5), 0, 0);
+    for turn in 1..=4u64 {
+        for c in [1, 2] {
+            let last = conversation(c, 5 * turn);
+            r.ended(prompt_tail(&last), turn * 2_000 - 100);
+            r.observe(&conversation(c, 5 + 5 * turn), turn * 2_000);
+        }
+    }
+    // In flight, each counts whatever the time (here, its gaps decide: 3 x 2 s).
+    assert_eq!(counted(&mut r, 13_999), (1, 1));
+    // Conversation 1's last turn ends at 9.9 s; 2 goes on. Think time is floored at
+    // THINK_FLOOR_MS: 1 counts for three of those after its end, then it is over,
+    // 4 s before its gaps alone would have said so.
+    r.ended(prompt_tail(&conversation(1, 25)), 9_900);
+    let over = 9_900 + (IN_USE_GAPS * THINK_FLOOR_MS) as u64;
+    assert_eq!(counted(&mut r, over), (1, 1));
+    assert_eq!(counted(&mut r, over + 1), (1, 0));
+    // An end names the request by its prompt's tail: another prompt's end, or an
+    // earlier turn's, says nothing of conversation 2's turn in flight.
+    r.ended(prompt_tail(&conversation(3, 9)), over);
+    r.ended(prompt_tail(&conversation(2, 20)), over);
+    assert_eq!(counted(&mut r, over + 1), (1, 0));
+    // A client that thinks for 5 s between turns: its placement counts for three
+    // of those after each end.
+    let mut r = RecentPlacements::default();
+    r.record(0, &conversation(4, 5), 0, 0);
+    r.ended(prompt_tail(&conversation(4, 5)), 1_000);
+    r.observe(&conversation(4, 10), 6_000);
+    r.ended(prompt_tail(&conversation(4, 10)), 7_000);
+    r.count(22_000);
+    assert_eq!(r.placed(0), 1);
+    r.count(22_001);
+    assert_eq!(r.placed(0), 0);
+}
+
+#[test]
 fn kept_unused_a_placement_counts_until_others_displace_it() {
     let mut r = RecentPlacements {
         keep_unused: true,
