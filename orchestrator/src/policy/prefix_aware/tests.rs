@@ -953,16 +953,24 @@ fn conversation(k: u64, blocks: u64) -> Vec<u64> {
     (0..blocks).map(|b| k * 1_000 + b).collect()
 }
 
-#[test]
-fn a_placement_counts_while_its_prefix_is_used() {
+/// Conversation 1 placed on backend 1 and conversation 2 on backend 0, at 0 ms.
+fn two_conversations() -> RecentPlacements {
     let mut r = RecentPlacements::default();
-    let counted = |r: &mut RecentPlacements, now_ms| {
-        r.count(now_ms);
-        (r.placed(0), r.placed(1))
-    };
-    // Conversation 1 on backend 1 and 2 on backend 0, a turn every second.
     r.record(1, &conversation(1, 5), 0, 0);
     r.record(0, &conversation(2, 5), 0, 0);
+    r
+}
+
+/// The placements in use on backends 0 and 1 at `now_ms`.
+fn counted(r: &mut RecentPlacements, now_ms: u64) -> (u32, u32) {
+    r.count(now_ms);
+    (r.placed(0), r.placed(1))
+}
+
+#[test]
+fn a_placement_counts_while_its_prefix_is_used() {
+    // A turn every second.
+    let mut r = two_conversations();
     for turn in 1..=4 {
         r.observe(&conversation(1, 5 + 5 * turn), turn * 1_000);
         r.observe(&conversation(2, 5 + 5 * turn), turn * 1_000);
@@ -985,15 +993,9 @@ fn a_placement_counts_while_its_prefix_is_used() {
 
 #[test]
 fn once_its_last_request_ended_a_placement_counts_for_the_clients_think_time() {
-    let mut r = RecentPlacements::default();
-    let counted = |r: &mut RecentPlacements, now_ms| {
-        r.count(now_ms);
-        (r.placed(0), r.placed(1))
-    };
-    // Two conversations, a turn every 2 s: each turn takes 1.9 s (queue, prefill,
-    // decode) and the client sends the next 100 ms after the last one ended.
-    r.record(1, &conversation(1, 5), 0, 0);
-    r.record(0, &conversation(2, 5), 0, 0);
+    // A turn every 2 s: each turn takes 1.9 s (queue, prefill, decode) and the
+    // client sends the next 100 ms after the last one ended.
+    let mut r = two_conversations();
     for turn in 1..=4u64 {
         for c in [1, 2] {
             let last = conversation(c, 5 * turn);
