@@ -626,9 +626,7 @@ impl PrefixAware {
     pub fn is_saturated(&self, candidate: &Candidate, mean_load: f64) -> bool {
         saturated(candidate, self.saturation, mean_load)
     }
-}
 
-impl PrefixAware {
     /// A request this policy placed, whose prompt ends in `tail`, ended at `now_ms`
     /// ([`RecentPlacements::ended`]).
     pub fn request_ended(&mut self, tail: PromptTail, now_ms: u64) {
@@ -1036,9 +1034,7 @@ impl RecentPlacements {
             self.live[p.backend] += p.weight;
         }
     }
-}
 
-impl RecentPlacements {
     /// Whether `p` is still in use at `now_ms` (the type's docs say how it is told).
     fn in_use(&self, p: &Placed, now_ms: u64) -> bool {
         match p.ended_ms {
