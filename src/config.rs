@@ -1883,43 +1883,20 @@ mod tests {
     }
 
     #[test]
-    fn spread_new_prefixes_is_read() {
-        assert!(
-            routing("")
-                .unwrap()
-                .routing
-                .prefix_aware
-                .spread_new_prefixes
-        );
-        let off = routing("[routing.prefix_aware]\nspread_new_prefixes = false").unwrap();
-        assert!(!off.routing.prefix_aware.spread_new_prefixes);
-    }
-
-    #[test]
-    fn price_footprint_is_read() {
-        assert!(routing("").unwrap().routing.prefix_aware.price_footprint);
-        let off = routing("[routing.prefix_aware]\nprice_footprint = false").unwrap();
-        assert!(!off.routing.prefix_aware.price_footprint);
-    }
-
-    #[test]
-    fn forget_unused_placements_is_read() {
-        assert!(
-            routing("")
-                .unwrap()
-                .routing
-                .prefix_aware
-                .forget_unused_placements
-        );
-        let off = routing("[routing.prefix_aware]\nforget_unused_placements = false").unwrap();
-        assert!(!off.routing.prefix_aware.forget_unused_placements);
-    }
-
-    #[test]
-    fn price_cache_in_use_is_read() {
-        assert!(routing("").unwrap().routing.prefix_aware.price_cache_in_use);
-        let off = routing("[routing.prefix_aware]\nprice_cache_in_use = false").unwrap();
-        assert!(!off.routing.prefix_aware.price_cache_in_use);
+    fn prefix_aware_switches_are_on_by_default_and_read() {
+        type Switch = fn(&radixgate_orchestrator::PrefixAwareConfig) -> bool;
+        let switches: [(&str, Switch); 4] = [
+            ("spread_new_prefixes", |p| p.spread_new_prefixes),
+            ("price_footprint", |p| p.price_footprint),
+            ("forget_unused_placements", |p| p.forget_unused_placements),
+            ("price_cache_in_use", |p| p.price_cache_in_use),
+        ];
+        let default = routing("").unwrap();
+        for (key, get) in switches {
+            assert!(get(&default.routing.prefix_aware), "{key} defaults to true");
+            let off = routing(&format!("[routing.prefix_aware]\n{key} = false")).unwrap();
+            assert!(!get(&off.routing.prefix_aware), "{key} = false is read");
+        }
     }
 
     #[test]

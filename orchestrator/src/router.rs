@@ -466,9 +466,6 @@ impl Router {
     /// (however it ended): the `prefix_aware` policy's placements it used wait for
     /// their next use from now ([`crate::policy::prefix_aware::RecentPlacements`]).
     pub fn request_ended(&mut self, tail: PromptTail, now_ms: u64) {
-        if tail.is_none() {
-            return;
-        }
         if let Some(p) = self.policies.prefix_aware_mut() {
             p.request_ended(tail, now_ms);
         }
