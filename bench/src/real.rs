@@ -215,6 +215,10 @@ pub struct Row {
     /// deltas): a running request lost its KV blocks to another and is recomputed,
     /// the sign of more prompts on one engine than its KV cache holds at once.
     pub preemptions: Option<u64>,
+    /// The engines' own mean TTFT over the run (`vllm:time_to_first_token_seconds`
+    /// deltas, from the request's arrival at the engine), in ms: the client's mean
+    /// less this is what the gateway, the engine's HTTP front end and loopback add.
+    pub engine_ttft_ms: Option<f64>,
     /// The oracle's hit rate on the same requests with the fleet's capacity.
     pub ceiling_hit_rate: f64,
     /// Share of the requests sent whose TTFT met the SLO (failures miss).
@@ -369,6 +373,12 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     (Some(b), Some(a)) => Some((a.preemptions - b.preemptions).max(0.0) as u64),
                     _ => None,
                 };
+                let engine_ttft_ms = match (before, after) {
+                    (Some(b), Some(a)) if a.ttft_count > b.ttft_count => {
+                        Some(1e3 * (a.ttft_sum - b.ttft_sum) / (a.ttft_count - b.ttft_count))
+                    }
+                    _ => None,
+                };
                 let ceiling_hit_rate =
                     crate::ceiling::hit_rate(&workload, cfg.requests, block_bytes, capacity);
                 let row = Row {
@@ -379,6 +389,7 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
                     stats: result.stats,
                     engine_hit_rate,
                     preemptions,
+                    engine_ttft_ms,
                     ceiling_hit_rate,
                     elapsed: result.elapsed,
                     traces: result.traces,
@@ -394,13 +405,14 @@ pub fn run(cfg: &RealConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>,
 
 fn row_line(r: &Row) -> String {
     format!(
-        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms p95 {:.0} ms p99 {:.0} ms, goodput {:.1}%, engine hit {} of ceiling {:.1}%, cached {}, preemptions {} ({:.1} s)",
+        "{} c={} {}: {} ok, {} failed, TTFT mean {:.0} ms (engine {}) p95 {:.0} ms p99 {:.0} ms, goodput {:.1}%, engine hit {} of ceiling {:.1}%, cached {}, preemptions {} ({:.1} s)",
         r.workload,
         r.concurrency,
         r.policy,
         r.stats.ok,
         r.stats.failed(),
         r.stats.ttft.mean() / 1e3,
+        ms(r.engine_ttft_ms),
         r.stats.ttft.value_at_quantile(0.95) as f64 / 1e3,
         r.stats.ttft.value_at_quantile(0.99) as f64 / 1e3,
         100.0 * r.goodput,
@@ -414,6 +426,10 @@ fn row_line(r: &Row) -> String {
 
 fn count(v: Option<u64>) -> String {
     v.map_or("n/a".into(), |n| n.to_string())
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |x| format!("{x:.0} ms"))
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -431,9 +447,11 @@ pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
         let _ = writeln!(out, "\n### {w}\n");
         let _ = writeln!(
             out,
-            "| conc | policy | ok | failed | TTFT mean ms | vs round_robin | p50 | p95 | p99 | goodput (TTFT ≤ {slo_ms} ms) | engine hit rate | ceiling | cached_tokens share | preemptions |"
+            "| conc | policy | ok | failed | TTFT mean ms | vs round_robin | engine's own TTFT mean ms | p50 | p95 | p99 | goodput (TTFT ≤ {slo_ms} ms) | engine hit rate | ceiling | cached_tokens share | preemptions |"
         );
-        out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str(
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
         for r in rows.iter().filter(|r| r.workload == w) {
             let baseline = rows.iter().find(|b| {
                 b.workload == w && b.concurrency == r.concurrency && b.policy == "round_robin"
@@ -446,13 +464,14 @@ pub fn to_markdown(rows: &[Row], slo_ms: u64) -> String {
             let q = |p: f64| r.stats.ttft.value_at_quantile(p) as f64 / 1e3;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {:.1}% | {} | {} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1}% | {} | {:.1}% | {} | {} |",
                 r.concurrency,
                 r.policy,
                 r.stats.ok,
                 r.stats.failed(),
                 mean,
                 vs,
+                r.engine_ttft_ms.map_or("n/a".into(), |x| format!("{x:.0}")),
                 q(0.50),
                 q(0.95),
                 q(0.99),
@@ -473,6 +492,9 @@ struct EngineCounters {
     hits: f64,
     queries: f64,
     preemptions: f64,
+    /// `vllm:time_to_first_token_seconds` histogram's sum (s) and count.
+    ttft_sum: f64,
+    ttft_count: f64,
 }
 
 /// The engines, stopped by `fleet.sh stop` (SIGTERM by PID) on drop.
@@ -559,6 +581,8 @@ impl Fleet {
             sum.hits += counter(&text, "vllm:prefix_cache_hits_total")?;
             sum.queries += counter(&text, "vllm:prefix_cache_queries_total")?;
             sum.preemptions += counter(&text, "vllm:num_preemptions_total")?;
+            sum.ttft_sum += counter(&text, "vllm:time_to_first_token_seconds_sum")?;
+            sum.ttft_count += counter(&text, "vllm:time_to_first_token_seconds_count")?;
         }
         Some(sum)
     }
