@@ -581,8 +581,10 @@ impl Fleet {
             sum.hits += counter(&text, "vllm:prefix_cache_hits_total")?;
             sum.queries += counter(&text, "vllm:prefix_cache_queries_total")?;
             sum.preemptions += counter(&text, "vllm:num_preemptions_total")?;
-            sum.ttft_sum += counter(&text, "vllm:time_to_first_token_seconds_sum")?;
-            sum.ttft_count += counter(&text, "vllm:time_to_first_token_seconds_count")?;
+            // Without the histogram the column reads n/a; the hit rate stays.
+            sum.ttft_sum += counter(&text, "vllm:time_to_first_token_seconds_sum").unwrap_or(0.0);
+            sum.ttft_count +=
+                counter(&text, "vllm:time_to_first_token_seconds_count").unwrap_or(0.0);
         }
         Some(sum)
     }

@@ -89,10 +89,9 @@
 //!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
 //!    then the fewest on the backend itself (backends sharing their compute do not
 //!    share their caches), then the most free cache room, then the shortest wait; a
-//!    prompt that extends
-//!    a placement kept (its conversation's first turn, placed as a new prefix) goes
-//!    back to that placement's backend first, if it is among them
-//!    ([`RecentPlacements::home_of`]). A backend whose recent
+//!    prompt that extends a placement kept (its conversation's first turn, placed
+//!    as a new prefix) goes back to that placement's backend first, if it is among
+//!    them ([`RecentPlacements::home_of`]). A backend whose recent
 //!    new prefixes and this one, grown to the size prompts lately reached, would
 //!    overflow its cache has the overflow added to its wait first
 //!    ([`PrefixAware::crowding_ns`]; off with
@@ -712,11 +711,11 @@ impl RoutingPolicy for PrefixAware {
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately (on its hardware, then on
             // itself: backends sharing a core share its compute, not their caches),
-            // then the most cache room.
-            // A prompt that extends a placement kept (its conversation's earlier turn,
-            // too short for its match to count) stays on that placement's backend
-            // first: it was spread when placed, and the count of new prefixes there
-            // includes its own, which would otherwise push it off.
+            // then the most cache room. Before all that, a prompt that extends a
+            // placement kept (its conversation's earlier turn, too short for its
+            // match to count) stays on that placement's backend: it was spread when
+            // placed, and the count of new prefixes there includes its own, which
+            // would otherwise push it off.
             let footprint = self.footprint_blocks(shared);
             self.recent_new_prefixes.count(input.now_ms);
             let home = self.recent_new_prefixes.home_of(input.prompt);
