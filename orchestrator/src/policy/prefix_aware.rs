@@ -50,9 +50,7 @@
 //! hundreds of milliseconds, not the default's 2.5 ms, and affinity must yield to a
 //! queue accordingly). The router bounds the learned ones to within a factor of
 //! [`QUEUE_COST_SPREAD`] of the candidates' median, and gives that median to a
-//! backend not learned yet ([`bound_queue_costs`]); a backend with no learned prefill
-//! cost likewise takes the median of the learned rates and fixed delays
-//! ([`lend_learned_prefill_costs`]). `prefill_fixed_ns` is what every
+//! backend not learned yet ([`bound_queue_costs`]). `prefill_fixed_ns` is what every
 //! request waits on that backend before its first token whatever its prompt (learned
 //! by the gateway; on a CPU engine whose core neighbour has just worked, about a
 //! second). The last,
@@ -87,11 +85,7 @@
 //!    do not decide), to the one given the fewest new prefixes lately
 //!    ([`RecentPlacements`], counted over the backends sharing its compute:
 //!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
-//!    then the fewest on the backend itself (backends sharing their compute do not
-//!    share their caches), then the most free cache room, then the shortest wait; a
-//!    prompt that extends a placement kept (its conversation's first turn, placed
-//!    as a new prefix) goes back to that placement's backend first, if it is among
-//!    them ([`RecentPlacements::observe`] finds it). A backend whose recent
+//!    then the most free cache room, then the shortest wait. A backend whose recent
 //!    new prefixes and this one, grown to the size prompts lately reached, would
 //!    overflow its cache has the overflow added to its wait first
 //!    ([`PrefixAware::crowding_ns`]; off with
@@ -645,7 +639,7 @@ impl RoutingPolicy for PrefixAware {
         let candidates = input.candidates;
         let prompt_blocks = input.prompt_blocks;
         self.prompt_sizes.record(prompt_blocks);
-        let conversation_home = self.recent_new_prefixes.observe(input.prompt, input.now_ms);
+        self.recent_new_prefixes.observe(input.prompt, input.now_ms);
         let pick = |c: Candidate, reason| {
             Some(Pick {
                 backend: c.backend,
@@ -709,13 +703,7 @@ impl RoutingPolicy for PrefixAware {
             // each its learned fixed delay up to the tie band's width of the
             // request's best cost, so that a few milliseconds between fixed delays do
             // not decide, while a backend without one waits exactly what it did), to
-            // the one given the fewest new prefixes lately (on its hardware, then on
-            // itself: backends sharing a core share its compute, not their caches),
-            // then the most cache room. Before all that, a prompt that extends a
-            // placement kept (its conversation's earlier turn, too short for its
-            // match to count) stays on that placement's backend: it was spread when
-            // placed, and the count of new prefixes there includes its own, which
-            // would otherwise push it off.
+            // the one given the fewest new prefixes lately, then the most cache room.
             let footprint = self.footprint_blocks(shared);
             self.recent_new_prefixes.count(input.now_ms);
             let later = |c: &Candidate| {
@@ -728,23 +716,12 @@ impl RoutingPolicy for PrefixAware {
                 let forgiven = tolerance.min(f64::from(c.prefill_fixed_ns));
                 let close =
                     wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
-                let (placed, placed_here) = if self.spread_new_prefixes {
-                    (
-                        self.placed_on_hardware(candidates, c),
-                        self.recent_new_prefixes.placed(c.backend),
-                    )
+                let placed = if self.spread_new_prefixes {
+                    self.placed_on_hardware(candidates, c)
                 } else {
-                    (0, 0)
+                    0
                 };
-                close.then(|| {
-                    (
-                        conversation_home != Some(c.backend),
-                        placed,
-                        placed_here,
-                        Reverse(free_room(c)),
-                        wait as u64,
-                    )
-                })
+                close.then(|| (placed, Reverse(free_room(c)), wait as u64))
             })?;
             if self.spread_new_prefixes || self.price_footprint {
                 self.recent_new_prefixes
@@ -969,16 +946,12 @@ impl RecentPlacements {
 
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
     /// it extends are used now. The counts change at the next [`Self::count`].
-    /// Returns the prompt's home: the backend of the first placement it extends (an
-    /// earlier turn of its conversation, placed as a new prefix), if any.
-    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) -> Option<BackendIdx> {
+    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) {
         let user = prompt_tail(prompt);
-        let mut home = None;
         for p in &mut self.placed {
             if !names(p, prompt) {
                 continue;
             }
-            home = home.or(Some(p.backend));
             let gap = now_ms.saturating_sub(p.used_ms) as f32;
             if gap > 0.0 {
                 p.gap_ms = gap;
@@ -992,7 +965,6 @@ impl RecentPlacements {
             p.used_ms = now_ms;
             p.user = user;
         }
-        home
     }
 
     /// The request whose prompt ends in `tail` ([`prompt_tail`]) ended at `now_ms`:
@@ -1159,10 +1131,21 @@ const QUEUE_COST_MEDIAN_OF: usize = 16;
 /// 8). Engines of unequal speed differ mostly in their prefill rate, which stays
 /// per backend and unbounded.
 pub fn bound_queue_costs(candidates: &mut [Candidate]) {
-    let learned = |c: &Candidate| c.queue_ns_per_request > 0;
-    let Some(median) = median_learned(candidates, learned, |c| c.queue_ns_per_request) else {
+    let mut learned = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut n = 0;
+    for c in candidates.iter().filter(|c| c.queue_ns_per_request > 0) {
+        if n == learned.len() {
+            break;
+        }
+        learned[n] = c.queue_ns_per_request;
+        n += 1;
+    }
+    if n == 0 {
         return;
-    };
+    }
+    let held = &mut learned[..n];
+    held.sort_unstable();
+    let median = held[n / 2];
     let low = ((f64::from(median) / QUEUE_COST_SPREAD) as u32).max(1);
     let high = (f64::from(median) * QUEUE_COST_SPREAD).min(f64::from(u32::MAX)) as u32;
     for c in candidates {
@@ -1171,55 +1154,6 @@ pub fn bound_queue_costs(candidates: &mut [Candidate]) {
             learned => learned.clamp(low, high),
         };
     }
-}
-
-/// Gives each candidate that has learned no prefill cost yet the median of the
-/// learned ones' rate and fixed delay (of the first [`QUEUE_COST_MEDIAN_OF`] in
-/// backend order), instead of the configured default, which is a simulated engine's.
-/// Learned costs stay as they are (engines of unequal speed differ in them), and
-/// nothing changes while none is learned.
-///
-/// A backend the gateway has not learned yet is most likely as fast as its peers;
-/// priced at the default it looked free. On a gateway started cold over three CPU
-/// engines, two learned 5.9 ms a token from their first answers while the third,
-/// priced at the default, showed 10 ms for a prompt the others needed 3 s for: it
-/// drew every request least-loaded could give it, each was cut at the 3 s
-/// first-token deadline and moved (5–8 s to first token), and as a cut attempt
-/// teaches nothing, it stayed "free" (`radixgate-bench real`, multiturn,
-/// concurrency 1, precise mode's own gateway).
-pub fn lend_learned_prefill_costs(candidates: &mut [Candidate]) {
-    let learned = |c: &Candidate| c.prefill_ns_per_token > 0;
-    if candidates.iter().all(learned) {
-        return;
-    }
-    let Some(rate) = median_learned(candidates, learned, |c| c.prefill_ns_per_token) else {
-        return;
-    };
-    let fixed = median_learned(candidates, learned, |c| c.prefill_fixed_ns).unwrap_or(0);
-    for c in candidates
-        .iter_mut()
-        .filter(|c| c.prefill_ns_per_token == 0)
-    {
-        c.prefill_ns_per_token = rate;
-        c.prefill_fixed_ns = fixed;
-    }
-}
-
-/// The median of `value` over the first [`QUEUE_COST_MEDIAN_OF`] candidates (in
-/// backend order) that have `learned` it (the higher of the middle two for an even
-/// count); `None` when none has.
-fn median_learned(
-    candidates: &[Candidate],
-    learned: impl Fn(&Candidate) -> bool,
-    value: impl Fn(&Candidate) -> u32,
-) -> Option<u32> {
-    let mut values = [0u32; QUEUE_COST_MEDIAN_OF];
-    let mut n = 0;
-    for c in candidates.iter().filter(|c| learned(c)).take(values.len()) {
-        values[n] = value(c);
-        n += 1;
-    }
-    (n > 0).then(|| *values[..n].select_nth_unstable(n / 2).1)
 }
 
 /// The mean of [`load`] over `candidates` (0 for none).
