@@ -822,6 +822,7 @@ impl Filter<'_> {
             }
         }
         crate::policy::prefix_aware::bound_queue_costs(out);
+        crate::policy::prefix_aware::lend_learned_prefill_costs(out);
         self.price_peers(out, fleet);
         if !any_adapter {
             return Err(RouteError::AdapterGone);

@@ -50,7 +50,9 @@
 //! hundreds of milliseconds, not the default's 2.5 ms, and affinity must yield to a
 //! queue accordingly). The router bounds the learned ones to within a factor of
 //! [`QUEUE_COST_SPREAD`] of the candidates' median, and gives that median to a
-//! backend not learned yet ([`bound_queue_costs`]). `prefill_fixed_ns` is what every
+//! backend not learned yet ([`bound_queue_costs`]); a backend with no learned prefill
+//! cost likewise takes the median of the learned rates and fixed delays
+//! ([`lend_learned_prefill_costs`]). `prefill_fixed_ns` is what every
 //! request waits on that backend before its first token whatever its prompt (learned
 //! by the gateway; on a CPU engine whose core neighbour has just worked, about a
 //! second). The last,
@@ -85,7 +87,12 @@
 //!    do not decide), to the one given the fewest new prefixes lately
 //!    ([`RecentPlacements`], counted over the backends sharing its compute:
 //!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
-//!    then the most free cache room, then the shortest wait. A backend whose recent
+//!    then the fewest on the backend itself (backends sharing their compute do not
+//!    share their caches), then the most free cache room, then the shortest wait; a
+//!    prompt that extends
+//!    a placement kept (its conversation's first turn, placed as a new prefix) goes
+//!    back to that placement's backend first, if it is among them
+//!    ([`RecentPlacements::home_of`]). A backend whose recent
 //!    new prefixes and this one, grown to the size prompts lately reached, would
 //!    overflow its cache has the overflow added to its wait first
 //!    ([`PrefixAware::crowding_ns`]; off with
@@ -703,9 +710,16 @@ impl RoutingPolicy for PrefixAware {
             // each its learned fixed delay up to the tie band's width of the
             // request's best cost, so that a few milliseconds between fixed delays do
             // not decide, while a backend without one waits exactly what it did), to
-            // the one given the fewest new prefixes lately, then the most cache room.
+            // the one given the fewest new prefixes lately (on its hardware, then on
+            // itself: backends sharing a core share its compute, not their caches),
+            // then the most cache room.
+            // A prompt that extends a placement kept (its conversation's earlier turn,
+            // too short for its match to count) stays on that placement's backend
+            // first: it was spread when placed, and the count of new prefixes there
+            // includes its own, which would otherwise push it off.
             let footprint = self.footprint_blocks(shared);
             self.recent_new_prefixes.count(input.now_ms);
+            let home = self.recent_new_prefixes.home_of(input.prompt);
             let later = |c: &Candidate| {
                 self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint)
             };
@@ -716,12 +730,23 @@ impl RoutingPolicy for PrefixAware {
                 let forgiven = tolerance.min(f64::from(c.prefill_fixed_ns));
                 let close =
                     wait <= soonest + forgiven + self.new_prefix_slack * self.per_request_ns(c);
-                let placed = if self.spread_new_prefixes {
-                    self.placed_on_hardware(candidates, c)
+                let (placed, placed_here) = if self.spread_new_prefixes {
+                    (
+                        self.placed_on_hardware(candidates, c),
+                        self.recent_new_prefixes.placed(c.backend),
+                    )
                 } else {
-                    0
+                    (0, 0)
                 };
-                close.then(|| (placed, Reverse(free_room(c)), wait as u64))
+                close.then(|| {
+                    (
+                        home != Some(c.backend),
+                        placed,
+                        placed_here,
+                        Reverse(free_room(c)),
+                        wait as u64,
+                    )
+                })
             })?;
             if self.spread_new_prefixes || self.price_footprint {
                 self.recent_new_prefixes
@@ -967,6 +992,15 @@ impl RecentPlacements {
         }
     }
 
+    /// The backend of the placement kept that `prompt` extends (an earlier turn of
+    /// its conversation, placed as a new prefix), if any.
+    pub fn home_of(&self, prompt: &[u64]) -> Option<BackendIdx> {
+        self.placed
+            .iter()
+            .find(|p| names(p, prompt))
+            .map(|p| p.backend)
+    }
+
     /// The request whose prompt ends in `tail` ([`prompt_tail`]) ended at `now_ms`:
     /// the placements it used last wait for their next use from now.
     pub fn ended(&mut self, tail: PromptTail, now_ms: u64) {
@@ -1153,6 +1187,46 @@ pub fn bound_queue_costs(candidates: &mut [Candidate]) {
             0 => median,
             learned => learned.clamp(low, high),
         };
+    }
+}
+
+/// Gives each candidate that has learned no prefill cost yet the median of the
+/// learned ones' rate and fixed delay (of the first [`QUEUE_COST_MEDIAN_OF`] in
+/// backend order), instead of the configured default, which is a simulated engine's.
+/// Learned costs stay as they are (engines of unequal speed differ in them), and
+/// nothing changes while none is learned.
+///
+/// A backend the gateway has not learned yet is most likely as fast as its peers;
+/// priced at the default it looked free. On a gateway started cold over three CPU
+/// engines, two learned 5.9 ms a token from their first answers while the third,
+/// priced at the default, showed 10 ms for a prompt the others needed 3 s for: it
+/// drew every request least-loaded could give it, each was cut at the 3 s
+/// first-token deadline and moved (5–8 s to first token), and as a cut attempt
+/// teaches nothing, it stayed "free" (`radixgate-bench real`, multiturn,
+/// concurrency 1, precise mode's own gateway).
+pub fn lend_learned_prefill_costs(candidates: &mut [Candidate]) {
+    let mut rates = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut fixed = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut n = 0;
+    for c in candidates.iter().filter(|c| c.prefill_ns_per_token > 0) {
+        if n == rates.len() {
+            break;
+        }
+        rates[n] = c.prefill_ns_per_token;
+        fixed[n] = c.prefill_fixed_ns;
+        n += 1;
+    }
+    if n == 0 || n == candidates.len() {
+        return;
+    }
+    let rate = *rates[..n].select_nth_unstable(n / 2).1;
+    let fixed = *fixed[..n].select_nth_unstable(n / 2).1;
+    for c in candidates
+        .iter_mut()
+        .filter(|c| c.prefill_ns_per_token == 0)
+    {
+        c.prefill_ns_per_token = rate;
+        c.prefill_fixed_ns = fixed;
     }
 }
 

@@ -859,6 +859,48 @@ fn learned_queue_costs_are_bounded_around_their_median() {
 }
 
 #[test]
+fn a_backend_not_learned_yet_is_priced_like_the_learned_ones() {
+    // The trace in `lend_learned_prefill_costs`' docs: two engines learned 5.9 and
+    // 5.6 ms a token (82 and 93 ms fixed); the third has learned nothing. The first
+    // holds half of a 4-block prompt.
+    let learned = [(5_900_000, 82_000_000), (5_600_000, 93_000_000), (0, 0)];
+    let cands = || -> Vec<Candidate> {
+        learned
+            .iter()
+            .enumerate()
+            .map(|(b, &(rate, fixed))| Candidate {
+                prefill_ns_per_token: rate,
+                prefill_fixed_ns: fixed,
+                ..c(b, 0, if b == 0 { 2 } else { 0 })
+            })
+            .collect()
+    };
+    let mut lent = cands();
+    lend_learned_prefill_costs(&mut lent);
+    let costs: Vec<(u32, u32)> = lent
+        .iter()
+        .map(|c| (c.prefill_ns_per_token, c.prefill_fixed_ns))
+        .collect();
+    // The median of two is the higher (index n / 2), rate and fixed delay each.
+    assert_eq!(
+        costs,
+        [learned[0], learned[1], (5_900_000, 93_000_000)],
+        "learned costs stay, the unlearned one borrows"
+    );
+    // At the default the unlearned engine looks free and takes the prompt away from
+    // the engine that holds half of it; priced like its peers, it does not.
+    assert_eq!(pick(&mut defaults(), &cands(), 4).backend, 2);
+    assert_eq!(pick(&mut defaults(), &lent, 4).backend, 0);
+    // None learned, or all: nothing changes.
+    let mut none: Vec<Candidate> = (0..3).map(|b| c(b, 0, 0)).collect();
+    lend_learned_prefill_costs(&mut none);
+    assert!(none.iter().all(|c| c.prefill_ns_per_token == 0));
+    let mut all = lent.clone();
+    lend_learned_prefill_costs(&mut all);
+    assert_eq!(all, lent);
+}
+
+#[test]
 fn bounded_queue_costs_spread_new_conversations_over_equal_engines() {
     // Three equal engines (0.5 ms a token) whose learned queue costs strayed as in
     // the trace `bound_queue_costs` describes: 966, ~0 and 1,707 ms a request. Eight
@@ -1102,6 +1144,77 @@ fn conversations_that_have_ended_do_not_crowd_their_engine() {
     };
     assert_eq!(new_conversation_goes_to(false), picked(0, Reason::NoMatch));
     assert_eq!(new_conversation_goes_to(true), picked(1, Reason::NoMatch));
+}
+
+#[test]
+fn a_second_turn_whose_match_is_too_short_to_count_stays_with_its_first() {
+    // The trace (precise mode, 128-token blocks, three idle engines): eight new
+    // conversations of one block each went 1, 0, 1, 0, ... (engine 1 alone on its
+    // core). At their second turns (4 blocks) each held one block, too short a match
+    // to count, so each was placed again as a new prefix: by the fewest new prefixes
+    // lately, which counted its own first turn against its engine, four of eight
+    // moved and paid a cold prefill, and one engine ended with five.
+    let second_turn_goes_to = |first_on: BackendIdx| {
+        let mut p = defaults();
+        for k in 1..=8 {
+            let on = if k == 1 {
+                first_on
+            } else {
+                [1, 0][k as usize % 2]
+            };
+            p.recent_new_prefixes.record(on, &conversation(k, 1), 0, 0);
+        }
+        let cands: Vec<Candidate> = (0..3)
+            .map(|b| c(b, 0, if b == first_on { 1 } else { 0 }))
+            .collect();
+        let input = RouteInput {
+            candidates: &cands,
+            prompt_blocks: 4,
+            prompt: &conversation(1, 4),
+            now_ms: 1_000,
+            ..RouteInput::default()
+        };
+        p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
+    };
+    for first_on in 0..3 {
+        assert_eq!(
+            second_turn_goes_to(first_on),
+            picked(first_on, Reason::FallbackLeastLoaded),
+            "first turn on {first_on}"
+        );
+    }
+}
+
+#[test]
+fn new_prefixes_spread_over_the_caches_of_backends_that_share_a_core() {
+    // The same trace's first turns: engines 0 and 2 share a core, engine 1 has its
+    // own. Spread over hardware, engine 1 took every other conversation; within the
+    // shared core the most free room decided, and engine 0 (whose free room barely
+    // moved, as one-block prompts use little of it) took all four of the others
+    // while engine 2's cache stayed empty. Each engine caches its own.
+    let mut p = defaults();
+    let mut taken = [0u32; 3];
+    for k in 1..=8 {
+        let cands: Vec<Candidate> = [(0, Some(0), 19), (1, None, 29), (2, Some(0), 12)]
+            .into_iter()
+            .map(|(b, group, room)| Candidate {
+                compute_group: group,
+                cache_free_blocks: Some(room),
+                cache_blocks: 64,
+                ..c(b, 0, 0)
+            })
+            .collect();
+        let input = RouteInput {
+            candidates: &cands,
+            prompt_blocks: 1,
+            prompt: &conversation(k, 1),
+            now_ms: k * 1_000,
+            ..RouteInput::default()
+        };
+        let chosen = p.pick(&input, &mut fastrand::Rng::with_seed(k)).unwrap();
+        taken[chosen.backend] += 1;
+    }
+    assert_eq!(taken, [2, 4, 2]);
 }
 
 #[test]
