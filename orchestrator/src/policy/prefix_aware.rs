@@ -1165,21 +1165,10 @@ const QUEUE_COST_MEDIAN_OF: usize = 16;
 /// 8). Engines of unequal speed differ mostly in their prefill rate, which stays
 /// per backend and unbounded.
 pub fn bound_queue_costs(candidates: &mut [Candidate]) {
-    let mut learned = [0u32; QUEUE_COST_MEDIAN_OF];
-    let mut n = 0;
-    for c in candidates.iter().filter(|c| c.queue_ns_per_request > 0) {
-        if n == learned.len() {
-            break;
-        }
-        learned[n] = c.queue_ns_per_request;
-        n += 1;
-    }
-    if n == 0 {
+    let learned = |c: &Candidate| c.queue_ns_per_request > 0;
+    let Some(median) = median_learned(candidates, learned, |c| c.queue_ns_per_request) else {
         return;
-    }
-    let held = &mut learned[..n];
-    held.sort_unstable();
-    let median = held[n / 2];
+    };
     let low = ((f64::from(median) / QUEUE_COST_SPREAD) as u32).max(1);
     let high = (f64::from(median) * QUEUE_COST_SPREAD).min(f64::from(u32::MAX)) as u32;
     for c in candidates {
@@ -1205,22 +1194,14 @@ pub fn bound_queue_costs(candidates: &mut [Candidate]) {
 /// teaches nothing, it stayed "free" (`radixgate-bench real`, multiturn,
 /// concurrency 1, precise mode's own gateway).
 pub fn lend_learned_prefill_costs(candidates: &mut [Candidate]) {
-    let mut rates = [0u32; QUEUE_COST_MEDIAN_OF];
-    let mut fixed = [0u32; QUEUE_COST_MEDIAN_OF];
-    let mut n = 0;
-    for c in candidates.iter().filter(|c| c.prefill_ns_per_token > 0) {
-        if n == rates.len() {
-            break;
-        }
-        rates[n] = c.prefill_ns_per_token;
-        fixed[n] = c.prefill_fixed_ns;
-        n += 1;
-    }
-    if n == 0 || n == candidates.len() {
+    let learned = |c: &Candidate| c.prefill_ns_per_token > 0;
+    if candidates.iter().all(learned) {
         return;
     }
-    let rate = *rates[..n].select_nth_unstable(n / 2).1;
-    let fixed = *fixed[..n].select_nth_unstable(n / 2).1;
+    let Some(rate) = median_learned(candidates, learned, |c| c.prefill_ns_per_token) else {
+        return;
+    };
+    let fixed = median_learned(candidates, learned, |c| c.prefill_fixed_ns).unwrap_or(0);
     for c in candidates
         .iter_mut()
         .filter(|c| c.prefill_ns_per_token == 0)
@@ -1228,6 +1209,23 @@ pub fn lend_learned_prefill_costs(candidates: &mut [Candidate]) {
         c.prefill_ns_per_token = rate;
         c.prefill_fixed_ns = fixed;
     }
+}
+
+/// The median of `value` over the first [`QUEUE_COST_MEDIAN_OF`] candidates (in
+/// backend order) that have `learned` it (the higher of the middle two for an even
+/// count); `None` when none has.
+fn median_learned(
+    candidates: &[Candidate],
+    learned: impl Fn(&Candidate) -> bool,
+    value: impl Fn(&Candidate) -> u32,
+) -> Option<u32> {
+    let mut values = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut n = 0;
+    for c in candidates.iter().filter(|c| learned(c)).take(values.len()) {
+        values[n] = value(c);
+        n += 1;
+    }
+    (n > 0).then(|| *values[..n].select_nth_unstable(n / 2).1)
 }
 
 /// The mean of [`load`] over `candidates` (0 for none).
