@@ -89,10 +89,9 @@
 //!    [`PrefixAware::placed_on_hardware`]; off with `spread_new_prefixes = false`),
 //!    then the fewest on the backend itself (backends sharing their compute do not
 //!    share their caches), then the most free cache room, then the shortest wait; a
-//!    prompt that extends
-//!    a placement kept (its conversation's first turn, placed as a new prefix) goes
-//!    back to that placement's backend first, if it is among them
-//!    ([`RecentPlacements::home_of`]). A backend whose recent
+//!    prompt that extends a placement kept (its conversation's first turn, placed
+//!    as a new prefix) goes back to that placement's backend first, if it is among
+//!    them ([`RecentPlacements::observe`] finds it). A backend whose recent
 //!    new prefixes and this one, grown to the size prompts lately reached, would
 //!    overflow its cache has the overflow added to its wait first
 //!    ([`PrefixAware::crowding_ns`]; off with
@@ -646,7 +645,7 @@ impl RoutingPolicy for PrefixAware {
         let candidates = input.candidates;
         let prompt_blocks = input.prompt_blocks;
         self.prompt_sizes.record(prompt_blocks);
-        self.recent_new_prefixes.observe(input.prompt, input.now_ms);
+        let conversation_home = self.recent_new_prefixes.observe(input.prompt, input.now_ms);
         let pick = |c: Candidate, reason| {
             Some(Pick {
                 backend: c.backend,
@@ -712,14 +711,13 @@ impl RoutingPolicy for PrefixAware {
             // not decide, while a backend without one waits exactly what it did), to
             // the one given the fewest new prefixes lately (on its hardware, then on
             // itself: backends sharing a core share its compute, not their caches),
-            // then the most cache room.
-            // A prompt that extends a placement kept (its conversation's earlier turn,
-            // too short for its match to count) stays on that placement's backend
-            // first: it was spread when placed, and the count of new prefixes there
-            // includes its own, which would otherwise push it off.
+            // then the most cache room. Before all that, a prompt that extends a
+            // placement kept (its conversation's earlier turn, too short for its
+            // match to count) stays on that placement's backend: it was spread when
+            // placed, and the count of new prefixes there includes its own, which
+            // would otherwise push it off.
             let footprint = self.footprint_blocks(shared);
             self.recent_new_prefixes.count(input.now_ms);
-            let home = self.recent_new_prefixes.home_of(input.prompt);
             let later = |c: &Candidate| {
                 self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint)
             };
@@ -740,7 +738,7 @@ impl RoutingPolicy for PrefixAware {
                 };
                 close.then(|| {
                     (
-                        home != Some(c.backend),
+                        conversation_home != Some(c.backend),
                         placed,
                         placed_here,
                         Reverse(free_room(c)),
@@ -971,12 +969,16 @@ impl RecentPlacements {
 
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
     /// it extends are used now. The counts change at the next [`Self::count`].
-    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) {
+    /// Returns the prompt's home: the backend of the first placement it extends (an
+    /// earlier turn of its conversation, placed as a new prefix), if any.
+    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) -> Option<BackendIdx> {
         let user = prompt_tail(prompt);
+        let mut home = None;
         for p in &mut self.placed {
             if !names(p, prompt) {
                 continue;
             }
+            home = home.or(Some(p.backend));
             let gap = now_ms.saturating_sub(p.used_ms) as f32;
             if gap > 0.0 {
                 p.gap_ms = gap;
@@ -990,15 +992,7 @@ impl RecentPlacements {
             p.used_ms = now_ms;
             p.user = user;
         }
-    }
-
-    /// The backend of the placement kept that `prompt` extends (an earlier turn of
-    /// its conversation, placed as a new prefix), if any.
-    pub fn home_of(&self, prompt: &[u64]) -> Option<BackendIdx> {
-        self.placed
-            .iter()
-            .find(|p| names(p, prompt))
-            .map(|p| p.backend)
+        home
     }
 
     /// The request whose prompt ends in `tail` ([`prompt_tail`]) ended at `now_ms`:
