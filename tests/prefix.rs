@@ -16,14 +16,24 @@ fn doc_question(doc: usize, q: usize) -> String {
     )
 }
 
+/// `n` engines behind a prefix-aware gateway of `shards` shards. They prefill at
+/// 20 µs a token (a GPU's order), so that a cached prefix is worth keeping: the
+/// gateway learns an instant engine's prefill cost as loopback noise (about 4 µs a
+/// token), prices the engines it has not learned the same, and then a document's
+/// whole prefill elsewhere is cheaper than one request ahead on its holder.
 fn fleet(
     io: &str,
     n: usize,
     shards: usize,
     extra: &str,
 ) -> (Vec<radixgate::engine_sim::EngineHandle>, radixgate::Gateway) {
-    instant_fleet(
+    let engine = EngineConfig {
+        prefill_per_token: Duration::from_micros(20),
+        ..EngineConfig::instant("sim")
+    };
+    fleet_of(
         io,
+        &engine,
         n,
         shards,
         &format!("[routing]\npolicy = \"prefix_aware\"\n{extra}"),
@@ -409,11 +419,12 @@ fn words_prompt(model: &str, tag: char, n: usize, max_tokens: u32, stream: bool)
     )
 }
 
-/// Where a follow-up goes whose prefix its holder `e0` has cached (23 of its 51
+/// Where a follow-up goes whose prefix its holder `e0` has cached (23 of its 56
 /// blocks) while two long answers of 26-block prompts stream from `e0` (80-block
-/// cache): together they need 103 blocks. `e1` (64 blocks) is idle. Both engines
-/// prefill at 0.5 ms a token (what the gateway assumes until it learns), and
-/// eviction is not priced (the term under test alone).
+/// cache; it reports 51 in use): together they need 107 blocks. `e1` (64 blocks) is
+/// idle. Both engines prefill at 0.5 ms a token; the gateway learns e0's cost from
+/// its answers and prices e1, which has answered nothing, the same. Eviction is not
+/// priced (the term under test alone).
 fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
     // Only e0 serves the adapter `filler`, which the streams use to go there.
     let engine = |cache_blocks, loras: &[&str]| EngineConfig {
@@ -491,7 +502,7 @@ fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
 
     let follow_up = Client::connect(addr).post(
         "/v1/chat/completions",
-        &words_prompt("sim", 'p', 550, 1, false),
+        &words_prompt("sim", 'p', 600, 1, false),
         &[],
     );
     assert_eq!(follow_up.status, 200);
@@ -520,7 +531,12 @@ fn a_prefix_the_work_in_flight_would_evict_is_not_waited_for(io: &str) {
         .unwrap();
     assert!((20..=24).contains(&matched), "{matched}");
     let priced = follow_up_beside_a_busy_cache(io, true);
-    assert_eq!(priced.header("x-router-backend"), Some("e1"));
+    assert_eq!(
+        priced.header("x-router-backend"),
+        Some("e1"),
+        "{:?}",
+        priced.headers
+    );
     assert_eq!(
         priced.header("x-router-reason"),
         Some("fallback-least-loaded")

@@ -482,9 +482,18 @@ pub fn instant_fleet(
     shards: usize,
     extra: &str,
 ) -> (Vec<EngineHandle>, Gateway) {
-    let engines: Vec<_> = (0..n)
-        .map(|_| start_engine(io, EngineConfig::instant("sim")))
-        .collect();
+    fleet_of(io, &EngineConfig::instant("sim"), n, shards, extra)
+}
+
+/// [`instant_fleet`] of `n` engines configured as `engine`.
+pub fn fleet_of(
+    io: &str,
+    engine: &EngineConfig,
+    n: usize,
+    shards: usize,
+    extra: &str,
+) -> (Vec<EngineHandle>, Gateway) {
+    let engines: Vec<_> = (0..n).map(|_| start_engine(io, engine.clone())).collect();
     let ids: Vec<String> = (0..n).map(|i| format!("e{i}")).collect();
     let backends: Vec<_> = engines
         .iter()
