@@ -513,8 +513,8 @@ fn follow_up_beside_a_busy_cache(io: &str, priced: bool) -> Response {
 /// `price_cache_in_use`: an engine cannot evict the blocks of the requests it runs,
 /// so a cached prefix that does not fit beside them and its own prompt is evicted
 /// before its turn. Counted whole, the match keeps the follow-up on its holder
-/// behind the two streams; priced, the holder would prefill the whole prompt after
-/// them, and the idle engine is sooner.
+/// behind the two streams; priced, the holder would prefill the whole prompt as the
+/// idle engine would, behind two requests, and the idle engine is sooner.
 fn a_prefix_the_work_in_flight_would_evict_is_not_waited_for(io: &str) {
     let whole = follow_up_beside_a_busy_cache(io, false);
     assert_eq!(
