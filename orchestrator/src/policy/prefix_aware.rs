@@ -1141,9 +1141,10 @@ impl PromptSizes {
 /// engines (a unit test); with 1.5, 3/3/2, as least-loaded does.
 pub const QUEUE_COST_SPREAD: f64 = 1.5;
 
-/// The candidates whose learned queue costs [`bound_queue_costs`] takes the median of
-/// (the first ones in backend order, when there are more).
-const QUEUE_COST_MEDIAN_OF: usize = 16;
+/// The candidates whose learned costs [`bound_queue_costs`] and
+/// [`lend_learned_prefill_costs`] take the median of (the first ones in backend
+/// order, when there are more).
+const LEARNED_MEDIAN_OF: usize = 16;
 
 /// Makes the candidates' learned queue costs comparable before a decision: each is
 /// bounded to within [`QUEUE_COST_SPREAD`] of the median of those learned, and a
@@ -1174,7 +1175,7 @@ pub fn bound_queue_costs(candidates: &mut [Candidate]) {
 }
 
 /// Gives each candidate that has learned no prefill cost yet the median of the
-/// learned ones' rate and fixed delay (of the first [`QUEUE_COST_MEDIAN_OF`] in
+/// learned ones' rate and fixed delay (of the first [`LEARNED_MEDIAN_OF`] in
 /// backend order), instead of the configured default, which is a simulated engine's.
 /// Learned costs stay as they are (engines of unequal speed differ in them), and
 /// nothing changes while none is learned.
@@ -1196,16 +1197,13 @@ pub fn lend_learned_prefill_costs(candidates: &mut [Candidate]) {
         return;
     };
     let fixed = median_learned(candidates, learned, |c| c.prefill_fixed_ns).unwrap_or(0);
-    for c in candidates
-        .iter_mut()
-        .filter(|c| c.prefill_ns_per_token == 0)
-    {
+    for c in candidates.iter_mut().filter(|c| !learned(c)) {
         c.prefill_ns_per_token = rate;
         c.prefill_fixed_ns = fixed;
     }
 }
 
-/// The median of `value` over the first [`QUEUE_COST_MEDIAN_OF`] candidates (in
+/// The median of `value` over the first [`LEARNED_MEDIAN_OF`] candidates (in
 /// backend order) that have `learned` it (the higher of the middle two for an even
 /// count); `None` when none has.
 fn median_learned(
@@ -1213,7 +1211,7 @@ fn median_learned(
     learned: impl Fn(&Candidate) -> bool,
     value: impl Fn(&Candidate) -> u32,
 ) -> Option<u32> {
-    let mut values = [0u32; QUEUE_COST_MEDIAN_OF];
+    let mut values = [0u32; LEARNED_MEDIAN_OF];
     let mut n = 0;
     for c in candidates.iter().filter(|c| learned(c)).take(values.len()) {
         values[n] = value(c);
