@@ -128,6 +128,9 @@ pub struct ShardMetrics {
     /// Per backend: streams moved elsewhere because it sent no token by
     /// `retry.first_token_timeout_ms`.
     pub first_token_timeouts: Vec<u64>,
+    /// Per backend: streams past their first-token deadline there kept waiting,
+    /// because no other backend promised a first token sooner.
+    pub first_token_waits: Vec<u64>,
     /// Retries refused because the shard's retry budget was spent.
     pub retry_budget_exhausted: u64,
     /// Streams continued on another engine after theirs died, by outcome
@@ -166,6 +169,7 @@ impl ShardMetrics {
             matched_blocks: vec![0; backends],
             retries: vec![0; backends],
             first_token_timeouts: vec![0; backends],
+            first_token_waits: vec![0; backends],
             ..Default::default()
         }
     }
@@ -185,6 +189,7 @@ impl ShardMetrics {
             &mut self.matched_blocks,
             &mut self.retries,
             &mut self.first_token_timeouts,
+            &mut self.first_token_waits,
         ] {
             if v.len() < backends {
                 v.resize(backends, 0);
@@ -238,6 +243,7 @@ impl ShardMetrics {
             (&mut self.matched_blocks, &other.matched_blocks),
             (&mut self.retries, &other.retries),
             (&mut self.first_token_timeouts, &other.first_token_timeouts),
+            (&mut self.first_token_waits, &other.first_token_waits),
         ] {
             for (x, y) in a.iter_mut().zip(b) {
                 *x += y;
@@ -536,7 +542,7 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             Value::Int(u64::from(g.pending_prefill_tokens[i])),
         );
     }
-    let per_backend: [(&'static str, &'static str, &Vec<u64>); 6] = [
+    let per_backend: [(&'static str, &'static str, &Vec<u64>); 7] = [
         (
             "radixgate_retries_total",
             "Attempts that failed on this backend before any byte reached the client and were retried elsewhere.",
@@ -546,6 +552,11 @@ pub fn render(shards: &[ShardMetrics], g: &Gauges<'_>) -> String {
             "radixgate_first_token_timeouts_total",
             "Streams moved to another backend because this one sent no token within retry.first_token_timeout_ms.",
             &merged.first_token_timeouts,
+        ),
+        (
+            "radixgate_first_token_waits_total",
+            "Streams past their first-token deadline on this backend kept waiting there, because no other backend promised a first token sooner.",
+            &merged.first_token_waits,
         ),
         (
             "radixgate_matched_blocks_total",

@@ -13,7 +13,8 @@
 //! the client still reads the whole answer, from the other engine, without the slow
 //! one's breaker being told; an engine that sends the head with its first token is
 //! left before the client has anything; with no other engine the stream waits for its
-//! own.
+//! own, and so it does where the other engine promises its first token no sooner
+//! than the stream has already waited.
 
 mod common;
 
@@ -173,9 +174,19 @@ impl Read {
 
 /// Streams the test request, calling `at_event(n, backend)` after the `n`th event
 /// with text (the backend the gateway named in its head).
-fn stream(addr: std::net::SocketAddr, api: Api, mut at_event: impl FnMut(usize, &str)) -> Read {
+fn stream(addr: std::net::SocketAddr, api: Api, at_event: impl FnMut(usize, &str)) -> Read {
+    stream_body(addr, api, &api.request(true), at_event)
+}
+
+/// [`stream`] with a request body of the caller's.
+fn stream_body(
+    addr: std::net::SocketAddr,
+    api: Api,
+    body: &str,
+    mut at_event: impl FnMut(usize, &str),
+) -> Read {
     let mut c = Client::connect(addr);
-    c.send(&post_bytes(api.path(), &api.request(true), &[]));
+    c.send(&post_bytes(api.path(), body, &[]));
     let (status, headers) = c.read_head();
     assert_eq!(status, 200);
     let backend = headers
@@ -475,6 +486,59 @@ fn a_late_stream_with_nowhere_to_go_waits_for_its_engine(io: &str) {
     );
 }
 both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);
+
+/// e0 prefills at 5 ms a token: about 0.6 s to the first token of a prompt of about
+/// 120 tokens, past the 200 ms deadline. The gateway prices a token's prefill at
+/// 100 ms (it has learned nothing yet), so e1, idle but without the prompt cached,
+/// promises its first token in about 12 s: nowhere sooner. The stream waits on e0
+/// (weighed again at 400 ms), and is not moved, whether e0 sent its head first or
+/// sends nothing until its first token.
+fn late_stream_with_nowhere_sooner(io: &str, engine_args: &[&str]) {
+    let engines = vec![
+        Engine::start_with(io, 5_000, engine_args),
+        Engine::start_with(io, 0, engine_args),
+    ];
+    let (_engines, gw) = fleet_from(
+        engines,
+        io,
+        "first_token_timeout_ms = 200\n[routing.prefix_aware]\nprefill_us_per_token = 100000",
+    );
+    let addr = gw.local_addr();
+    let story = "tell me a long story about engines that are late but not dead ".repeat(7);
+    let body = format!(
+        r#"{{"model":"sim","max_tokens":{TOKENS},"stream":true,"messages":[{{"role":"user","content":"{story}"}}]}}"#
+    );
+    let read = stream_body(addr, Api::Chat, &body, |_, _| {});
+    assert_eq!(read.backend, "e0", "round robin's first pick");
+    let texts = read.texts();
+    assert_eq!(texts.len(), TOKENS, "{:?}", read.data);
+    assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
+    assert_eq!(read.dones(), 1, "{:?}", read.data);
+    let m = metrics(addr);
+    assert_eq!(
+        metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    let waits = metric(&m, "radixgate_first_token_waits_total{backend=\"e0\"}");
+    assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
+    // e1 never saw it: its only request would have been the move.
+    assert_eq!(
+        metric(&m, "radixgate_first_token_waits_total{backend=\"e1\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+
+fn a_late_stream_stays_where_no_other_engine_promises_a_token_sooner(io: &str) {
+    late_stream_with_nowhere_sooner(io, &["--stream-head-first"]);
+}
+both_drivers!(a_late_stream_stays_where_no_other_engine_promises_a_token_sooner);
+
+fn a_late_head_is_waited_for_where_no_other_engine_promises_a_token_sooner(io: &str) {
+    late_stream_with_nowhere_sooner(io, &[]);
+}
+both_drivers!(a_late_head_is_waited_for_where_no_other_engine_promises_a_token_sooner);
 
 fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str) {
     // Engines that send a stream's head with its first token: e0's never comes

@@ -16,7 +16,7 @@
 //! in-flight and pending-prefill guards are released, the breaker is not told, and
 //! the request is logged and counted as 499 (`client_closed`).
 
-use super::migrate::StreamText;
+use super::migrate::{LateStream, StreamText};
 use super::wire::Outgoing;
 use crate::error::{ErrorKind, GatewayError, CLIENT_CLOSED};
 use crate::http::chunked::ChunkedDecoder;
@@ -285,6 +285,9 @@ pub(super) struct Exchange<'s> {
     /// possible): after the response head, as a [`Failure::StreamCut`] with `stalled`;
     /// before it, as a [`Failure::Retryable`] with [`Exchange::stalled`] set.
     pub first_token_deadline: Option<Instant>,
+    /// With `first_token_deadline`: what decides, once it passes, whether the stream
+    /// moves or waits on ([`LateStream::move_pays`]); without it, it moves.
+    pub late: Option<&'s LateStream<'s>>,
     /// The attempt failed because its backend sent not even a response head by
     /// `first_token_deadline`: late, not broken.
     pub stalled: bool,
@@ -308,6 +311,7 @@ impl<'s> Exchange<'s> {
             collect: None,
             migrate_cut: false,
             first_token_deadline: None,
+            late: None,
             stalled: false,
         }
     }
@@ -440,11 +444,14 @@ impl Exchange<'_> {
                 BodyPiece::Idle
                     if self.past_first_token_deadline() && self.can_move(&resp, &tracker) =>
                 {
-                    shard.give_buffer(buf);
-                    return Err(Failure::StreamCut {
-                        keep_client,
-                        stalled: true,
-                    });
+                    if self.late_stream_moves() {
+                        shard.give_buffer(buf);
+                        return Err(Failure::StreamCut {
+                            keep_client,
+                            stalled: true,
+                        });
+                    }
+                    continue;
                 }
                 BodyPiece::Broke | BodyPiece::Idle => {
                     let ended_cleanly = resp.event_stream
@@ -505,6 +512,29 @@ impl Exchange<'_> {
             && self
                 .first_token_deadline
                 .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// Past the first-token deadline: whether the stream moves now. When no other
+    /// backend promises its first token sooner ([`LateStream`]), it waits on: the
+    /// deadline moves to when the wait will have doubled, and the wait is counted
+    /// (`radixgate_first_token_waits_total`).
+    fn late_stream_moves(&mut self) -> bool {
+        let Some(late) = self.late else {
+            return true;
+        };
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(self.started);
+        if late.move_pays(self.shard, waited) {
+            return true;
+        }
+        self.first_token_deadline = Some(now + waited);
+        self.shard.metrics.borrow_mut().first_token_waits[self.backend] += 1;
+        tracing::debug!(
+            backend = %self.shard.backend_id(self.backend),
+            waited_ms = waited.as_millis() as u64,
+            "no token by the first-token deadline, and no other backend promises one sooner; waiting on"
+        );
+        false
     }
 
     /// The stream may be continued elsewhere from here: an SSE stream between two
@@ -643,7 +673,7 @@ impl Exchange<'_> {
             .unwrap_or(upstream.first_byte_timeout);
         let start = Instant::now();
         // A stream's first-token deadline bounds the wait for its head too.
-        let deadline = match self.first_token_deadline {
+        let mut deadline = match self.first_token_deadline {
             Some(first_token) => first_token.min(start + first_byte_timeout),
             None => start + first_byte_timeout,
         };
@@ -690,6 +720,13 @@ impl Exchange<'_> {
                     }
                 };
                 match read {
+                    Err(()) if self.past_first_token_deadline() && !self.late_stream_moves() => {
+                        // Waiting on: until the moved deadline, within the head's own.
+                        if let Some(first_token) = self.first_token_deadline {
+                            deadline = first_token.min(start + first_byte_timeout);
+                        }
+                        continue;
+                    }
                     Err(()) if self.past_first_token_deadline() => {
                         self.stalled = true;
                         return Err(GatewayError::new(

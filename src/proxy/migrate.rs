@@ -24,9 +24,14 @@
 //! attempt span with reason `stream_migration`). When no engine can take it, or
 //! `retry.max_stream_migrations` is spent, the stream ends as it does without
 //! migration: a last `data:` event with the error in OpenAI's shape.
+//!
+//! A stream that is late rather than cut (`retry.first_token_timeout_ms`: no token
+//! by its deadline) is moved the same way, but only when another backend promises its
+//! first token sooner than the stream has already waited ([`LateStream`]); otherwise
+//! it waits on where it is.
 
 use super::exchange::{end_stream_with, next_body_piece, BodyPiece, BodyTracker, Exchange};
-use super::route::{roll_back, route, routing_facts, EndGuard, ProbeGuard};
+use super::route::{roll_back, route, routing_facts, with_fleet, EndGuard, ProbeGuard};
 use super::{write_upstream_head, Request};
 use crate::error::{ErrorKind, GatewayError};
 use crate::fleet::InFlightGuard;
@@ -41,6 +46,7 @@ use crate::trace::TraceContext;
 use memchr::memmem;
 use monoio::io::AsyncWriteRentExt;
 use monoio::time::Instant;
+use radixgate_orchestrator::RoutingFacts;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::rc::Rc;
@@ -207,6 +213,38 @@ fn unescape_into(s: &[u8], out: &mut String) {
 fn hex4(s: &[u8]) -> Option<u32> {
     let digits = std::str::from_utf8(s.get(..4)?).ok()?;
     u32::from_str_radix(digits, 16).ok()
+}
+
+// === a late first token ===
+
+/// What a stream's first-token deadline weighs before moving it
+/// (`retry.first_token_timeout_ms`): a stream is moved only when another backend
+/// promises its first token sooner than the late one has already kept it waiting,
+/// even if that backend is as late against its estimate as the deadline let this one
+/// be. When every other backend is as busy (an overloaded fleet, where a move throws
+/// away the late engine's queue position and prefills the prompt again behind another
+/// queue), the stream stays, and is weighed again when its wait has doubled.
+pub(super) struct LateStream<'a> {
+    /// The request's routing facts with the late backend excluded.
+    pub facts: RoutingFacts<'a>,
+    /// How late against its estimate the other backend may turn out to be:
+    /// `retry.first_token_timeout_factor`, at least 1.
+    pub factor: f64,
+}
+
+impl LateStream<'_> {
+    /// Whether a move pays after `waited`: the cost model's best estimate among the
+    /// other candidates (whatever the routing policy, as SLO admission asks it),
+    /// times `factor`, is below it.
+    pub fn move_pays(&self, shard: &Shard, waited: std::time::Duration) -> bool {
+        let estimate = with_fleet(shard, std::time::Instant::now(), |fleet| {
+            shard
+                .router
+                .borrow_mut()
+                .estimate(&shard.replica.borrow(), fleet, &self.facts)
+        });
+        estimate.is_some_and(|e| e.best_ns * self.factor < waited.as_nanos() as f64)
+    }
 }
 
 // === the continuation ===

@@ -619,6 +619,22 @@ async fn attempt_all(
             request_id,
             crate::trace::id_of(attempt_span),
         );
+        // Moving a stalled stream needs somewhere to move it, and pays only where
+        // another backend promises a first token sooner.
+        let first_token = first_token_timeout.filter(|_| retry_possible && !moved);
+        let mut skipped = excluded;
+        skipped[attempt - 1] = backend;
+        let late = first_token.map(|(_, factor)| migrate::LateStream {
+            facts: routing_facts(
+                facts,
+                policy,
+                carried.as_deref().expect("kept for a watched stream"),
+                session,
+                req.chunks,
+                &skipped[..attempt],
+            ),
+            factor: factor.max(1.0),
+        });
         let mut exchange = Exchange {
             pending_prefill: Some(shared.pending_prefill.enter(
                 shard.id,
@@ -628,12 +644,10 @@ async fn attempt_all(
             )),
             collect: watch_stream.then(|| Box::new(migrate::StreamText::new(req.endpoint))),
             migrate_cut: migrate_streams,
-            // Moving a stalled stream needs somewhere to move it.
-            first_token_deadline: first_token_timeout
-                .filter(|_| retry_possible && !moved)
-                .map(|(timeout, factor)| {
-                    started + first_token_wait(timeout, factor, route.est_ttft_ns)
-                }),
+            first_token_deadline: first_token.map(|(timeout, factor)| {
+                started + first_token_wait(timeout, factor, route.est_ttft_ns)
+            }),
+            late: late.as_ref(),
             ..Exchange::new(shard, backend, started)
         };
         let result = exchange
