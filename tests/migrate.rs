@@ -476,16 +476,31 @@ fn a_late_stream_with_nowhere_to_go_waits_for_its_engine(io: &str) {
     let (_engines, gw) = fleet_from(vec![engine], io, "first_token_timeout_ms = 50");
     let addr = gw.local_addr();
     let read = stream(addr, Api::Chat, |_, _| {});
-    assert_eq!(read.texts().len(), TOKENS, "{:?}", read.data);
+    assert_answered_by_e0_unmoved(&read, &metrics(addr));
+}
+both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);
+
+/// A streamed chat request whose prompt is about 120 tokens (seven blocks).
+fn long_story_request() -> String {
+    let story = "tell me a long story about engines that are late but not dead ".repeat(7);
+    format!(
+        r#"{{"model":"sim","max_tokens":{TOKENS},"stream":true,"messages":[{{"role":"user","content":"{story}"}}]}}"#
+    )
+}
+
+/// The whole answer came from e0, and no stream was moved off it.
+fn assert_answered_by_e0_unmoved(read: &Read, m: &str) {
+    assert_eq!(read.backend, "e0");
+    let texts = read.texts();
+    assert_eq!(texts.len(), TOKENS, "{:?}", read.data);
+    assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
     assert_eq!(read.dones(), 1, "{:?}", read.data);
-    let m = metrics(addr);
     assert_eq!(
-        metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}"),
+        metric(m, "radixgate_first_token_timeouts_total{backend=\"e0\"}"),
         Some(0.0),
         "{m}"
     );
 }
-both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);
 
 /// e0 prefills at 5 ms a token: about 0.6 s to the first token of a prompt of about
 /// 120 tokens, past the 200 ms deadline. The gateway prices a token's prefill at
@@ -504,30 +519,13 @@ fn late_stream_with_nowhere_sooner(io: &str, engine_args: &[&str]) {
         "first_token_timeout_ms = 200\n[routing.prefix_aware]\nprefill_us_per_token = 100000",
     );
     let addr = gw.local_addr();
-    let story = "tell me a long story about engines that are late but not dead ".repeat(7);
-    let body = format!(
-        r#"{{"model":"sim","max_tokens":{TOKENS},"stream":true,"messages":[{{"role":"user","content":"{story}"}}]}}"#
-    );
-    let read = stream_body(addr, Api::Chat, &body, |_, _| {});
-    assert_eq!(read.backend, "e0", "round robin's first pick");
-    let texts = read.texts();
-    assert_eq!(texts.len(), TOKENS, "{:?}", read.data);
-    assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
-    assert_eq!(read.dones(), 1, "{:?}", read.data);
+    // Round robin's first pick is e0.
+    let read = stream_body(addr, Api::Chat, &long_story_request(), |_, _| {});
     let m = metrics(addr);
-    assert_eq!(
-        metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}"),
-        Some(0.0),
-        "{m}"
-    );
+    assert_answered_by_e0_unmoved(&read, &m);
+    // Weighed at 200 ms, and again at 400 ms when the first token had not come.
     let waits = metric(&m, "radixgate_first_token_waits_total{backend=\"e0\"}");
     assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
-    // e1 never saw it: its only request would have been the move.
-    assert_eq!(
-        metric(&m, "radixgate_first_token_waits_total{backend=\"e1\"}"),
-        Some(0.0),
-        "{m}"
-    );
 }
 
 fn a_late_stream_stays_where_no_other_engine_promises_a_token_sooner(io: &str) {
@@ -539,6 +537,54 @@ fn a_late_head_is_waited_for_where_no_other_engine_promises_a_token_sooner(io: &
     late_stream_with_nowhere_sooner(io, &[]);
 }
 both_drivers!(a_late_head_is_waited_for_where_no_other_engine_promises_a_token_sooner);
+
+fn late_streams_are_not_moved_onto_a_busy_engine_priced_by_guess(io: &str) {
+    // Both engines take about 0.6 s to a first token, past the 200 ms deadline, and
+    // the gateway has learned neither's speed: each stream's alternative is busy with
+    // the other stream, and its price for that queue (the configured default, tens of
+    // microseconds) is a guess. Neither stream moves.
+    let engines = vec![
+        Engine::start_with(io, 5_000, &["--stream-head-first"]),
+        Engine::start_with(io, 5_000, &["--stream-head-first"]),
+    ];
+    let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 200");
+    let addr = gw.local_addr();
+    let body = long_story_request();
+    let reads: Vec<Read> = std::thread::scope(|s| {
+        let streams: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| stream_body(addr, Api::Chat, &body, |_, _| {})))
+            .collect();
+        streams.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut backends: Vec<&str> = reads.iter().map(|r| r.backend.as_str()).collect();
+    backends.sort();
+    assert_eq!(backends, ["e0", "e1"], "round robin gave each engine one");
+    for read in &reads {
+        let texts = read.texts();
+        assert_eq!(texts.len(), TOKENS, "{:?}", read.data);
+        assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
+        assert_eq!(read.dones(), 1, "{:?}", read.data);
+    }
+    let m = metrics(addr);
+    let mut waits = 0.0;
+    for backend in IDS {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("radixgate_first_token_timeouts_total{{backend=\"{backend}\"}}")
+            ),
+            Some(0.0),
+            "{m}"
+        );
+        waits += metric(
+            &m,
+            &format!("radixgate_first_token_waits_total{{backend=\"{backend}\"}}"),
+        )
+        .unwrap_or(0.0);
+    }
+    assert!(waits >= 2.0, "{m}");
+}
+both_drivers!(late_streams_are_not_moved_onto_a_busy_engine_priced_by_guess);
 
 fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str) {
     // Engines that send a stream's head with its first token: e0's never comes

@@ -684,8 +684,55 @@ impl Router {
         fleet: &impl FleetView,
         facts: &RoutingFacts<'_>,
     ) -> Option<Estimate> {
+        if !self.fill_for_estimate(replica, fleet, facts) {
+            return None;
+        }
+        Some(self.cost_model.best_estimate(&RouteInput {
+            candidates: &self.candidates,
+            affinity_key: None,
+            prompt_blocks: facts.blocks.len() as u32,
+            ..RouteInput::default()
+        }))
+    }
+
+    /// A late stream's question (`retry.first_token_timeout_ms`): the earliest first
+    /// token another candidate can be trusted to give this request, in ns, by the
+    /// cost model over the candidates [`Self::estimate`] weighs (the late backend
+    /// among `facts.excluded`). A candidate with work in flight whose prefill cost is
+    /// the configured default (nothing learned of its own, nothing learned elsewhere
+    /// to lend it) is left out: its price for the queue there is a guess, not
+    /// evidence. A gateway started cold into a burst priced three CPU engines' queues
+    /// at tens of milliseconds and moved six late streams at once onto the one engine
+    /// that had answered first, where they waited 28–45 s (`radixgate-bench real`,
+    /// docs, concurrency 8, precise mode's gateway). An idle candidate is priced by
+    /// its prefill alone, and counts. `None` when no candidate is left.
+    pub fn soonest_first_token_ns(
+        &mut self,
+        replica: &Replica,
+        fleet: &impl FleetView,
+        facts: &RoutingFacts<'_>,
+    ) -> Option<f64> {
+        if !self.fill_for_estimate(replica, fleet, facts) {
+            return None;
+        }
+        let prompt_blocks = facts.blocks.len() as u32;
+        self.candidates
+            .iter()
+            .filter(|c| c.prefill_ns_per_token > 0 || is_idle(c))
+            .map(|c| self.cost_model.est_ttft_ns(c, prompt_blocks))
+            .min_by(f64::total_cmp)
+    }
+
+    /// Fills the candidates an estimate weighs: those a decision would consider,
+    /// free room alone counting as room (eviction is not part of an estimate). False
+    /// when there are none.
+    fn fill_for_estimate(
+        &mut self,
+        replica: &Replica,
+        fleet: &impl FleetView,
+        facts: &RoutingFacts<'_>,
+    ) -> bool {
         self.match_prompt(replica, facts.blocks);
-        // Room only ranks (eviction is not part of an estimate): free room alone.
         let filter = Filter {
             facts,
             session_home: None,
@@ -695,15 +742,7 @@ impl Router {
             cost_model: &self.cost_model,
         };
         let filled = filter.fill(&mut self.candidates, &self.matches, replica, fleet);
-        if filled.is_err() || self.candidates.is_empty() {
-            return None;
-        }
-        Some(self.cost_model.best_estimate(&RouteInput {
-            candidates: &self.candidates,
-            affinity_key: None,
-            prompt_blocks: facts.blocks.len() as u32,
-            ..RouteInput::default()
-        }))
+        filled.is_ok() && !self.candidates.is_empty()
     }
 
     fn match_prompt(&mut self, replica: &Replica, blocks: &[u64]) {
@@ -864,6 +903,12 @@ impl Filter<'_> {
 
 /// A candidate with what `state` says of backend `b`'s queue and costs, and nothing of
 /// the prompt.
+/// Nothing of the gateway's in flight or pending on the backend, and no queue
+/// scraped from the engine.
+fn is_idle(c: &Candidate) -> bool {
+    c.in_flight == 0 && c.pending_prefill_tokens == 0 && c.engine_waiting == 0
+}
+
 fn queue_of(b: BackendIdx, state: &BackendState) -> Candidate {
     Candidate {
         backend: b,

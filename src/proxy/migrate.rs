@@ -233,17 +233,19 @@ pub(super) struct LateStream<'a> {
 }
 
 impl LateStream<'_> {
-    /// Whether a move pays after `waited`: the cost model's best estimate among the
-    /// other candidates (whatever the routing policy, as SLO admission asks it),
-    /// times `factor`, is below it.
+    /// Whether a move pays after `waited`: the cost model's soonest first token
+    /// among the other candidates it can trust
+    /// ([`radixgate_orchestrator::Router::soonest_first_token_ns`], whatever the
+    /// routing policy), times `factor`, is below it.
     pub fn move_pays(&self, shard: &Shard, waited: std::time::Duration) -> bool {
-        let estimate = with_fleet(shard, std::time::Instant::now(), |fleet| {
-            shard
-                .router
-                .borrow_mut()
-                .estimate(&shard.replica.borrow(), fleet, &self.facts)
+        let soonest = with_fleet(shard, std::time::Instant::now(), |fleet| {
+            shard.router.borrow_mut().soonest_first_token_ns(
+                &shard.replica.borrow(),
+                fleet,
+                &self.facts,
+            )
         });
-        estimate.is_some_and(|e| e.best_ns * self.factor < waited.as_nanos() as f64)
+        soonest.is_some_and(|ns| ns * self.factor < waited.as_nanos() as f64)
     }
 }
 
