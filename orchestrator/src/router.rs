@@ -901,14 +901,14 @@ impl Filter<'_> {
     }
 }
 
-/// A candidate with what `state` says of backend `b`'s queue and costs, and nothing of
-/// the prompt.
 /// Nothing of the gateway's in flight or pending on the backend, and no queue
 /// scraped from the engine.
 fn is_idle(c: &Candidate) -> bool {
     c.in_flight == 0 && c.pending_prefill_tokens == 0 && c.engine_waiting == 0
 }
 
+/// A candidate with what `state` says of backend `b`'s queue and costs, and nothing of
+/// the prompt.
 fn queue_of(b: BackendIdx, state: &BackendState) -> Candidate {
     Candidate {
         backend: b,
