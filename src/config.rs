@@ -183,8 +183,9 @@ struct RetryWire {
     /// Continuations one stream may take (with `migrate_streams`).
     max_stream_migrations: u32,
     /// Move a stream whose engine has sent no token this long after the request
-    /// arrived to another engine, once, if another engine promises a first token
-    /// sooner than the wait so far (0: never). See docs/operations.md.
+    /// arrived to another engine, once, if another engine whose speed the gateway has
+    /// learned promises a first token sooner than the wait so far (0: never). See
+    /// docs/operations.md.
     first_token_timeout_ms: u64,
     /// With `first_token_timeout_ms`: the deadline is at least this many times the
     /// cost model's estimated TTFT on the chosen engine (0: the fixed timeout alone).

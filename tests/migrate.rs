@@ -12,9 +12,11 @@
 //! stream's head at once (`--stream-head-first`, as vLLM does) and then nothing, and
 //! the client still reads the whole answer, from the other engine, without the slow
 //! one's breaker being told; an engine that sends the head with its first token is
-//! left before the client has anything; with no other engine the stream waits for its
-//! own, and so it does where the other engine promises its first token no sooner
-//! than the stream has already waited.
+//! left before the client has anything (once the gateway has learned the other
+//! engine's speed from an answered request); with no other engine the stream waits
+//! for its own, and so it does where the other engine promises its first token no
+//! sooner than the stream has already waited, or where the gateway has learned no
+//! engine's speed and its price for the other is a guess.
 
 mod common;
 
@@ -396,32 +398,48 @@ fn with_no_other_engine_the_stream_ends_with_the_error(io: &str) {
 }
 both_drivers!(with_no_other_engine_the_stream_ends_with_the_error);
 
-/// Engines that send a stream's head before their prefill, as vLLM does: `e0`
-/// prefills at `slow_us` a token, `e1` at once.
-fn head_first_fleet(io: &str, slow_us: u64, retry: &str) -> (Vec<Engine>, radixgate::Gateway) {
-    let head_first = ["--stream-head-first"];
+/// `e0` prefills at once, `e1` at `slow_us` a token; both send a stream's head as
+/// `engine_args` say (`--stream-head-first`: before the prefill, as vLLM does). One
+/// request answered by e0 first (round robin's first pick) teaches the gateway e0's
+/// prefill cost: a late stream moves only to an engine whose cost the gateway has
+/// learned, never on a cold gateway's guess.
+fn fast_then_slow_fleet(
+    io: &str,
+    slow_us: u64,
+    engine_args: &[&str],
+    retry: &str,
+) -> (Vec<Engine>, radixgate::Gateway) {
     let engines = vec![
-        Engine::start_with(io, slow_us, &head_first),
-        Engine::start_with(io, 0, &head_first),
+        Engine::start_with(io, 0, engine_args),
+        Engine::start_with(io, slow_us, engine_args),
     ];
-    fleet_from(engines, io, retry)
+    let (engines, gw) = fleet_from(engines, io, retry);
+    let warm = Client::connect(gw.local_addr()).post(Api::Chat.path(), &unstreamed(0), &[]);
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    assert_eq!(warm.header("x-router-backend"), Some("e0"));
+    (engines, gw)
 }
 
 fn a_stream_stalled_before_its_first_token_moves_to_the_other_engine(io: &str) {
-    // e0 would take ~10 s (ten prompt tokens at 1 s each) to its first token.
-    let (engines, gw) = head_first_fleet(io, 1_000_000, "first_token_timeout_ms = 300");
+    // e1 would take ~10 s (ten prompt tokens at 1 s each) to its first token.
+    let (engines, gw) = fast_then_slow_fleet(
+        io,
+        1_000_000,
+        &["--stream-head-first"],
+        "first_token_timeout_ms = 300",
+    );
     let addr = gw.local_addr();
-    // Round robin sends the first stream to e0 (the continuation on e1 then takes a
-    // turn too, so the second may go to e0 as well).
+    // Round robin sends the first stream to e1 (the continuation on e0 then takes a
+    // turn too, so the second may go to e1 as well).
     let reads = [
         stream(addr, Api::Chat, |_, _| {}),
         stream(addr, Api::Chat, |_, _| {}),
     ];
     let stalled = reads
         .iter()
-        .find(|r| r.backend == "e0")
-        .expect("one went to e0");
-    let moved = reads.iter().filter(|r| r.backend == "e0").count() as f64;
+        .find(|r| r.backend == "e1")
+        .expect("one went to e1");
+    let moved = reads.iter().filter(|r| r.backend == "e1").count() as f64;
     for read in &reads {
         let texts = read.texts();
         assert_eq!(texts.concat(), uninterrupted(&texts[0]), "{:?}", read.data);
@@ -434,19 +452,19 @@ fn a_stream_stalled_before_its_first_token_moves_to_the_other_engine(io: &str) {
     // The moved stream counts its own prompt once, as the one that was not moved.
     let usage = |r: &Read| r.events().last().unwrap()["usage"].clone();
     // What the fast engine itself counts for the prompt.
-    let e1: std::net::SocketAddr = engines[1]
+    let e0: std::net::SocketAddr = engines[0]
         .url
         .trim_start_matches("http://")
         .parse()
         .unwrap();
-    let whole = Client::connect(e1).post(Api::Chat.path(), &Api::Chat.request(false), &[]);
+    let whole = Client::connect(e0).post(Api::Chat.path(), &Api::Chat.request(false), &[]);
     assert_eq!(
         usage(stalled)["prompt_tokens"],
         whole.json()["usage"]["prompt_tokens"]
     );
     assert_eq!(usage(stalled)["completion_tokens"], TOKENS);
     let m = metrics(addr);
-    for (backend, moved) in [("e0", moved), ("e1", 0.0)] {
+    for (backend, moved) in [("e1", moved), ("e0", 0.0)] {
         assert_eq!(
             metric(
                 &m,
@@ -463,7 +481,7 @@ fn a_stream_stalled_before_its_first_token_moves_to_the_other_engine(io: &str) {
     );
     // Late is not broken: the slow engine's breaker stays closed.
     assert_eq!(
-        metric(&m, "radixgate_breaker_state{backend=\"e0\"}"),
+        metric(&m, "radixgate_breaker_state{backend=\"e1\"}"),
         Some(0.0),
         "{m}"
     );
@@ -480,12 +498,19 @@ fn a_late_stream_with_nowhere_to_go_waits_for_its_engine(io: &str) {
 }
 both_drivers!(a_late_stream_with_nowhere_to_go_waits_for_its_engine);
 
-/// A streamed chat request whose prompt is about 120 tokens (seven blocks).
-fn long_story_request() -> String {
+/// A streamed chat request whose prompt is about 120 tokens (seven blocks), the
+/// `n`th of its kind (prompts of different `n` share no block).
+fn long_story_request(n: usize) -> String {
     let story = "tell me a long story about engines that are late but not dead ".repeat(7);
+    let story = format!("story {n}: {story}");
     format!(
         r#"{{"model":"sim","max_tokens":{TOKENS},"stream":true,"messages":[{{"role":"user","content":"{story}"}}]}}"#
     )
+}
+
+/// [`long_story_request`], not streamed.
+fn unstreamed(n: usize) -> String {
+    long_story_request(n).replace(r#""stream":true,"#, "")
 }
 
 /// The whole answer came from e0, and no stream was moved off it.
@@ -503,24 +528,26 @@ fn assert_answered_by_e0_unmoved(read: &Read, m: &str) {
 }
 
 /// e0 prefills at 5 ms a token: about 0.6 s to the first token of a prompt of about
-/// 120 tokens, past the 200 ms deadline. The gateway prices a token's prefill at
-/// 100 ms (it has learned nothing yet), so e1, idle but without the prompt cached,
-/// promises its first token in about 12 s: nowhere sooner. The stream waits on e0
-/// (weighed again at 400 ms), and is not moved, whether e0 sent its head first or
-/// sends nothing until its first token.
+/// 120 tokens, past the 200 ms deadline. e1 prefills at 20 ms a token, and the
+/// gateway has learned that from a request e1 answered before: idle but without the
+/// prompt cached, it promises its first token in about 2.4 s, nowhere sooner. The
+/// stream waits on e0 (weighed again at 400 ms), and is not moved, whether e0 sent
+/// its head first or sends nothing until its first token.
 fn late_stream_with_nowhere_sooner(io: &str, engine_args: &[&str]) {
     let engines = vec![
         Engine::start_with(io, 5_000, engine_args),
-        Engine::start_with(io, 0, engine_args),
+        Engine::start_with(io, 20_000, engine_args),
     ];
-    let (_engines, gw) = fleet_from(
-        engines,
-        io,
-        "first_token_timeout_ms = 200\n[routing.prefix_aware]\nprefill_us_per_token = 100000",
-    );
+    let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 200");
     let addr = gw.local_addr();
-    // Round robin's first pick is e0.
-    let read = stream_body(addr, Api::Chat, &long_story_request(), |_, _| {});
+    // Round robin: the first two, not streamed (no deadline), to e0 and e1 (their
+    // costs learned); the third, a prompt neither holds, to e0.
+    for (n, backend) in [(1, "e0"), (2, "e1")] {
+        let answered = Client::connect(addr).post(Api::Chat.path(), &unstreamed(n), &[]);
+        assert_eq!(answered.status, 200, "{}", answered.text());
+        assert_eq!(answered.header("x-router-backend"), Some(backend));
+    }
+    let read = stream_body(addr, Api::Chat, &long_story_request(3), |_, _| {});
     let m = metrics(addr);
     assert_answered_by_e0_unmoved(&read, &m);
     // Weighed at 200 ms, and again at 400 ms when the first token had not come.
@@ -549,7 +576,7 @@ fn late_streams_are_not_moved_onto_a_busy_engine_priced_by_guess(io: &str) {
     ];
     let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 200");
     let addr = gw.local_addr();
-    let body = long_story_request();
+    let body = long_story_request(0);
     let reads: Vec<Read> = std::thread::scope(|s| {
         let streams: Vec<_> = (0..2)
             .map(|_| s.spawn(|| stream_body(addr, Api::Chat, &body, |_, _| {})))
@@ -586,14 +613,29 @@ fn late_streams_are_not_moved_onto_a_busy_engine_priced_by_guess(io: &str) {
 }
 both_drivers!(late_streams_are_not_moved_onto_a_busy_engine_priced_by_guess);
 
-fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str) {
-    // Engines that send a stream's head with its first token: e0's never comes
-    // within the deadline, so the gateway retries before the client has anything.
+fn a_cold_gateway_moves_no_late_stream(io: &str) {
+    // e0 takes about 0.6 s to its first token, past the 200 ms deadline; e1 is idle
+    // and fast, but the gateway has learned no engine's speed yet: its price for e1
+    // (the configured default, about 2 ms for the prompt) is a guess, and a stream is
+    // not moved on a guess.
     let engines = vec![
-        Engine::start_with(io, 1_000_000, &[]),
-        Engine::start_with(io, 0, &[]),
+        Engine::start_with(io, 5_000, &["--stream-head-first"]),
+        Engine::start_with(io, 0, &["--stream-head-first"]),
     ];
-    let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 300");
+    let (_engines, gw) = fleet_from(engines, io, "first_token_timeout_ms = 200");
+    let addr = gw.local_addr();
+    let read = stream_body(addr, Api::Chat, &long_story_request(0), |_, _| {});
+    let m = metrics(addr);
+    assert_answered_by_e0_unmoved(&read, &m);
+    let waits = metric(&m, "radixgate_first_token_waits_total{backend=\"e0\"}");
+    assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
+}
+both_drivers!(a_cold_gateway_moves_no_late_stream);
+
+fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str) {
+    // Engines that send a stream's head with its first token: e1's never comes
+    // within the deadline, so the gateway retries before the client has anything.
+    let (_engines, gw) = fast_then_slow_fleet(io, 1_000_000, &[], "first_token_timeout_ms = 300");
     let addr = gw.local_addr();
     let reads = [
         stream(addr, Api::Chat, |_, _| {}),
@@ -601,23 +643,23 @@ fn a_stream_with_no_head_by_the_deadline_is_retried_on_the_other_engine(io: &str
     ];
     for read in &reads {
         assert_eq!(
-            read.backend, "e1",
+            read.backend, "e0",
             "the head came from the engine that answered"
         );
         assert_eq!(read.texts().len(), TOKENS, "{:?}", read.data);
         assert_eq!(read.dones(), 1, "{:?}", read.data);
     }
     let m = metrics(addr);
-    let moved = metric(&m, "radixgate_first_token_timeouts_total{backend=\"e0\"}");
+    let moved = metric(&m, "radixgate_first_token_timeouts_total{backend=\"e1\"}");
     assert!(moved.is_some_and(|n| n >= 1.0), "{m}");
     // Late is neither a failed attempt nor a broken backend.
     assert_eq!(
-        metric(&m, "radixgate_retries_total{backend=\"e0\"}"),
+        metric(&m, "radixgate_retries_total{backend=\"e1\"}"),
         Some(0.0),
         "{m}"
     );
     assert_eq!(
-        metric(&m, "radixgate_breaker_state{backend=\"e0\"}"),
+        metric(&m, "radixgate_breaker_state{backend=\"e1\"}"),
         Some(0.0),
         "{m}"
     );

@@ -698,14 +698,16 @@ impl Router {
     /// A late stream's question (`retry.first_token_timeout_ms`): the earliest first
     /// token another candidate can be trusted to give this request, in ns, by the
     /// cost model over the candidates [`Self::estimate`] weighs (the late backend
-    /// among `facts.excluded`). A candidate with work in flight whose prefill cost is
-    /// the configured default (nothing learned of its own, nothing learned elsewhere
-    /// to lend it) is left out: its price for the queue there is a guess, not
-    /// evidence. A gateway started cold into a burst priced three CPU engines' queues
-    /// at tens of milliseconds and moved six late streams at once onto the one engine
-    /// that had answered first, where they waited 28–45 s (`radixgate-bench real`,
-    /// docs, concurrency 8, precise mode's gateway). An idle candidate is priced by
-    /// its prefill alone, and counts. `None` when no candidate is left.
+    /// among `facts.excluded`). A candidate whose prefill cost is the configured
+    /// default (nothing learned of its own, nothing learned elsewhere to lend it) is
+    /// left out, busy or idle: its price is a guess, not evidence. A gateway started
+    /// cold into a burst priced three CPU engines' queues at tens of milliseconds and
+    /// moved six late streams at once onto the one engine that had answered first,
+    /// where they waited 28–45 s (`radixgate-bench real`, docs, concurrency 8); one
+    /// started cold at concurrency 1 moved each of its first five requests (~9 s of
+    /// prefill) at the deadline onto an idle engine priced at 31 ms, prefilled them
+    /// again there, and, a moved stream teaching nothing, stayed cold through all
+    /// five. `None` when no candidate is left: a cold gateway moves nothing.
     pub fn soonest_first_token_ns(
         &mut self,
         replica: &Replica,
@@ -718,7 +720,7 @@ impl Router {
         let prompt_blocks = facts.blocks.len() as u32;
         self.candidates
             .iter()
-            .filter(|c| c.prefill_ns_per_token > 0 || is_idle(c))
+            .filter(|c| c.prefill_ns_per_token > 0)
             .map(|c| self.cost_model.est_ttft_ns(c, prompt_blocks))
             .min_by(f64::total_cmp)
     }
@@ -899,12 +901,6 @@ impl Filter<'_> {
             out[i].compute_group = peers.iter().copied().min().map(|p| p.min(out[i].backend));
         }
     }
-}
-
-/// Nothing of the gateway's in flight or pending on the backend, and no queue
-/// scraped from the engine.
-fn is_idle(c: &Candidate) -> bool {
-    c.in_flight == 0 && c.pending_prefill_tokens == 0 && c.engine_waiting == 0
 }
 
 /// A candidate with what `state` says of backend `b`'s queue and costs, and nothing of

@@ -433,7 +433,7 @@ fn the_estimate_sees_the_same_candidates_as_the_decision() {
 }
 
 #[test]
-fn a_late_stream_trusts_only_learned_or_idle_candidates() {
+fn a_late_stream_trusts_only_learned_candidates() {
     let mut r = router();
     let rep = replica(3, 1000);
     let mut fleet = TestFleet::healthy(3);
@@ -443,22 +443,28 @@ fn a_late_stream_trusts_only_learned_or_idle_candidates() {
         excluded: &late,
         ..facts(PolicyName::RoundRobin, &blocks)
     };
-    // Nothing learned anywhere. Backend 1 is busy, priced at the default: left out.
-    // Backend 2 is idle: its estimate is the prompt's prefill at the default.
+    // Nothing learned anywhere: every price is the default, busy (backend 1) or idle
+    // (backend 2). Nothing to trust, though the admission estimate counts them.
     fleet.states[1].in_flight = 3;
     fleet.states[1].pending_prefill_tokens = 30;
-    let idle = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
-    assert_eq!(idle, 10.0 * 16.0 * 20_000.0);
-    // The admission estimate still counts the busy one (the idle one is cheaper).
-    assert_eq!(r.estimate(&rep, &fleet, &f).unwrap().best_ns, idle);
-    // Backend 2 busy too: nothing to trust.
-    fleet.states[2].in_flight = 1;
     assert_eq!(r.soonest_first_token_ns(&rep, &fleet, &f), None);
-    assert!(r.estimate(&rep, &fleet, &f).is_some());
+    let guess = r.estimate(&rep, &fleet, &f).unwrap().best_ns;
+    assert_eq!(
+        guess,
+        10.0 * 16.0 * 20_000.0,
+        "the idle one's, at the default"
+    );
     // Backend 2 learned a cost: it counts, and lends it to backend 1.
     fleet.states[2].prefill_ns_per_token = 1_000_000;
-    let learned = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
-    assert!(learned > 160.0 * 1e6, "{learned}");
+    let idle = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
+    assert_eq!(
+        idle,
+        10.0 * 16.0 * 1e6,
+        "the idle one's, at its learned cost"
+    );
+    fleet.states[2].in_flight = 1;
+    let busy = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
+    assert!(busy > idle, "{busy}");
     // The late backend is never among them, however cheap.
     fleet.states[1].in_flight = 0;
     fleet.states[1].pending_prefill_tokens = 0;
