@@ -448,20 +448,13 @@ fn a_late_stream_trusts_only_learned_candidates() {
     fleet.states[1].in_flight = 3;
     fleet.states[1].pending_prefill_tokens = 30;
     assert_eq!(r.soonest_first_token_ns(&rep, &fleet, &f), None);
-    let guess = r.estimate(&rep, &fleet, &f).unwrap().best_ns;
-    assert_eq!(
-        guess,
-        10.0 * 16.0 * 20_000.0,
-        "the idle one's, at the default"
-    );
-    // Backend 2 learned a cost: it counts, and lends it to backend 1.
+    let at_default = 10.0 * 16.0 * 20_000.0; // the idle one's prefill
+    assert_eq!(r.estimate(&rep, &fleet, &f).unwrap().best_ns, at_default);
+    // Backend 2 learned a cost: it counts (the idle one's prefill at that cost), and
+    // lends it to backend 1.
     fleet.states[2].prefill_ns_per_token = 1_000_000;
     let idle = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
-    assert_eq!(
-        idle,
-        10.0 * 16.0 * 1e6,
-        "the idle one's, at its learned cost"
-    );
+    assert_eq!(idle, 10.0 * 16.0 * 1e6);
     fleet.states[2].in_flight = 1;
     let busy = r.soonest_first_token_ns(&rep, &fleet, &f).unwrap();
     assert!(busy > idle, "{busy}");
