@@ -414,9 +414,7 @@ fn fast_then_slow_fleet(
         Engine::start_with(io, slow_us, engine_args),
     ];
     let (engines, gw) = fleet_from(engines, io, retry);
-    let warm = Client::connect(gw.local_addr()).post(Api::Chat.path(), &unstreamed(0), &[]);
-    assert_eq!(warm.status, 200, "{}", warm.text());
-    assert_eq!(warm.header("x-router-backend"), Some("e0"));
+    answered_unstreamed(gw.local_addr(), 0, "e0");
     (engines, gw)
 }
 
@@ -513,6 +511,20 @@ fn unstreamed(n: usize) -> String {
     long_story_request(n).replace(r#""stream":true,"#, "")
 }
 
+/// Sends [`unstreamed`]`(n)` (no first-token deadline applies), which `backend`
+/// answers: the gateway learns that engine's prefill cost from it.
+fn answered_unstreamed(addr: std::net::SocketAddr, n: usize, backend: &str) {
+    let answered = Client::connect(addr).post(Api::Chat.path(), &unstreamed(n), &[]);
+    assert_eq!(answered.status, 200, "{}", answered.text());
+    assert_eq!(answered.header("x-router-backend"), Some(backend));
+}
+
+/// The late stream on e0 was weighed at its deadline at least once and kept there.
+fn assert_e0_waited(m: &str) {
+    let waits = metric(m, "radixgate_first_token_waits_total{backend=\"e0\"}");
+    assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
+}
+
 /// The whole answer came from e0, and no stream was moved off it.
 fn assert_answered_by_e0_unmoved(read: &Read, m: &str) {
     assert_eq!(read.backend, "e0");
@@ -542,17 +554,13 @@ fn late_stream_with_nowhere_sooner(io: &str, engine_args: &[&str]) {
     let addr = gw.local_addr();
     // Round robin: the first two, not streamed (no deadline), to e0 and e1 (their
     // costs learned); the third, a prompt neither holds, to e0.
-    for (n, backend) in [(1, "e0"), (2, "e1")] {
-        let answered = Client::connect(addr).post(Api::Chat.path(), &unstreamed(n), &[]);
-        assert_eq!(answered.status, 200, "{}", answered.text());
-        assert_eq!(answered.header("x-router-backend"), Some(backend));
-    }
+    answered_unstreamed(addr, 1, "e0");
+    answered_unstreamed(addr, 2, "e1");
     let read = stream_body(addr, Api::Chat, &long_story_request(3), |_, _| {});
     let m = metrics(addr);
     assert_answered_by_e0_unmoved(&read, &m);
     // Weighed at 200 ms, and again at 400 ms when the first token had not come.
-    let waits = metric(&m, "radixgate_first_token_waits_total{backend=\"e0\"}");
-    assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
+    assert_e0_waited(&m);
 }
 
 fn a_late_stream_stays_where_no_other_engine_promises_a_token_sooner(io: &str) {
@@ -627,8 +635,7 @@ fn a_cold_gateway_moves_no_late_stream(io: &str) {
     let read = stream_body(addr, Api::Chat, &long_story_request(0), |_, _| {});
     let m = metrics(addr);
     assert_answered_by_e0_unmoved(&read, &m);
-    let waits = metric(&m, "radixgate_first_token_waits_total{backend=\"e0\"}");
-    assert!(waits.is_some_and(|n| n >= 1.0), "{m}");
+    assert_e0_waited(&m);
 }
 both_drivers!(a_cold_gateway_moves_no_late_stream);
 
