@@ -48,12 +48,18 @@
 //! ([`radixgate_orchestrator::policy::prefix_aware::bound_queue_costs`]).
 //!
 //! A backend that shares its compute with others (`backends[].compute_group`) learns
-//! from each request's time to first token less what its peers' queued work took
-//! (`Sample::peer_queue_before_ns`, as the cost model prices sharing): its costs are
-//! then its own, and the cost model adds the sharing once, from the peers' queues at
+//! its own costs, not what sharing added: a request whose `k` sharing peers had
+//! requests in flight both when it was routed and at its first token had
+//! `1 / (1 + k)` of the hardware all along, and is learned as `ttft / (1 + k)`; one
+//! whose peers started or finished work in between teaches nothing (what share it
+//! had is unknown). The cost model adds the sharing once, from the peers' queues at
 //! the decision. Learned as they were, three CPU engines of which two shared a core
 //! learned 1.1–1.9 ms a token on the shared core against 0.53 alone, and priced on
-//! top of that, sharing counted twice.
+//! top of that, sharing counted twice. Less only the peers' queue at the decision,
+//! the two shared-core engines learned 10.6 and 11.8 ms a token against 5.5 (the
+//! third, alone on its core, 5.9) under least-loaded at concurrency 8, where a
+//! neighbour's work mostly began during the request's own prefill
+//! (`radixgate-bench real`, multiturn).
 //!
 //! All are per shard, with no lock: a shard learns from what it routed. 0 means not
 //! learned yet (the policy then uses its configured default).
@@ -109,18 +115,22 @@ pub struct Sample {
     pub in_flight_before: u32,
     /// Prefill tokens the gateway expected queued ahead of it then.
     pub pending_prefill_before: u32,
-    /// The queued work of the backends sharing its compute then, in ns
-    /// ([`radixgate_orchestrator::Decision::peer_queue_before_ns`]).
-    pub peer_queue_before_ns: u64,
+    /// The backends sharing its compute that had requests in flight when it was
+    /// routed ([`radixgate_orchestrator::Decision::peers_busy_before`]) and at its
+    /// first token.
+    pub peers_busy_before: u32,
+    pub peers_busy_at_first_token: u32,
 }
 
 impl Sample {
     /// The time to first token the request would have had with its compute to
-    /// itself: the cost model says sharing added the smaller of its own work and
-    /// its peers' queued work (`ttft = own + min(own, peers)`), so
-    /// `own = ttft - min(peers, ttft / 2)`.
-    fn unshared_ttft_ns(&self) -> u64 {
-        self.ttft_ns - self.peer_queue_before_ns.min(self.ttft_ns / 2)
+    /// itself, when the gateway can tell: with `k` peers busy when it was routed and
+    /// still at its first token, it had `1 / (1 + k)` of the hardware all along, so
+    /// its own time is `ttft / (1 + k)`. A peer that started or finished work
+    /// meanwhile took some unknown part of it: `None`, the request teaches nothing.
+    fn unshared_ttft_ns(&self) -> Option<u64> {
+        (self.peers_busy_before == self.peers_busy_at_first_token)
+            .then(|| self.ttft_ns / (1 + u64::from(self.peers_busy_before)))
     }
 }
 
@@ -141,10 +151,10 @@ impl LearnedCost {
         // Costs are the backend's own: what its neighbours took is priced apart
         // (`Candidate::peer_queue_ns`), and learned into the costs too it would be
         // counted twice.
-        let s = Sample {
-            ttft_ns: s.unshared_ttft_ns(),
-            ..s
+        let Some(ttft_ns) = s.unshared_ttft_ns() else {
+            return;
         };
+        let s = Sample { ttft_ns, ..s };
         if s.in_flight_before == 0 && s.uncached_tokens > 0 {
             self.prefill_fit = self.alone.push(clamp(s.uncached_tokens), s.ttft_ns);
         }
@@ -287,32 +297,50 @@ mod tests {
             uncached_tokens: uncached,
             in_flight_before: ahead,
             pending_prefill_before: pending,
-            peer_queue_before_ns: 0,
+            peers_busy_before: 0,
+            peers_busy_at_first_token: 0,
         }
     }
 
-    /// Two engines on one core: a request that found its neighbour with work queued
-    /// ran at half speed while that work lasted, and is learned as it would have run
-    /// alone, so the rate is the engine's own and sharing is counted once (by the
-    /// cost model, from the neighbour's queue).
+    /// Two engines on one core: a request whose neighbour worked all along ran at
+    /// half speed and is learned as it would have run alone, so the rate is the
+    /// engine's own and sharing is counted once (by the cost model, from the
+    /// neighbour's queue); one whose neighbour started or stopped meanwhile teaches
+    /// nothing.
     #[test]
     fn what_a_neighbour_took_is_not_learned_as_the_engines_own() {
-        let with_peer = |ttft_ms, uncached, peer_ms: u64| Sample {
-            peer_queue_before_ns: peer_ms * 1_000_000,
-            ..sample(ttft_ms, uncached, 0, 0)
+        let with_peers = |ttft_ms, before, at_first_token| Sample {
+            peers_busy_before: before,
+            peers_busy_at_first_token: at_first_token,
+            ..sample(ttft_ms, 500, 0, 0)
         };
+        // 500 tokens at 1 ms each beside a neighbour busy throughout: 1 s.
         let mut l = LearnedCost::default();
-        // 500 tokens at 1 ms each beside a neighbour with 2 s queued: 1 s.
-        l.learn_sample(with_peer(1000, 500, 2000));
+        l.learn_sample(with_peers(1000, 1, 1));
         assert_eq!(l.prefill_ns_per_token, 1_000_000);
-        // Beside one with 100 ms queued: 600 ms, of which the neighbour took 100.
+        // Beside two: 1.5 s.
         let mut l = LearnedCost::default();
-        l.learn_sample(with_peer(600, 500, 100));
+        l.learn_sample(with_peers(1500, 2, 2));
         assert_eq!(l.prefill_ns_per_token, 1_000_000);
-        // Alone, as before.
+        // Alone throughout, as before.
         let mut l = LearnedCost::default();
-        l.learn_sample(with_peer(500, 500, 0));
+        l.learn_sample(with_peers(500, 0, 0));
         assert_eq!(l.prefill_ns_per_token, 1_000_000);
+        // A neighbour that began (the trace above: learned as it came, 1.6 ms a
+        // token) or finished work meanwhile: nothing learned, the rate, the fit and
+        // the queue cost alike.
+        let rate_known = LearnedCost {
+            prefill_ns_per_token: 1_000_000,
+            ..LearnedCost::default()
+        };
+        let mut l = rate_known;
+        l.learn_sample(with_peers(800, 0, 1));
+        l.learn_sample(with_peers(800, 1, 0));
+        l.learn_sample(Sample {
+            peers_busy_at_first_token: 1,
+            ..sample(900, 500, 2, 0)
+        });
+        assert_eq!(l, rate_known);
     }
 
     #[test]

@@ -410,6 +410,96 @@ fn an_engine_whose_neighbour_prefills_is_not_idle(io: &str) {
 }
 both_drivers!(an_engine_whose_neighbour_prefills_is_not_idle);
 
+/// A streamed chat body for `model` whose prompt is `n` cold words tagged `tag`,
+/// with usage (what learning reads) in its last event.
+fn model_prompt(model: &str, tag: &str, n: usize, max_tokens: u32) -> String {
+    let text: String = (0..n).map(|i| format!("{tag}{i} ")).collect();
+    format!(
+        r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    )
+}
+
+/// `compute_group`, learning: `e0` and `e1` share compute (each serves its own
+/// model, so every request's engine is known), and `e0` prefills at 4 ms a token.
+/// A prompt prefilled while `e1` worked all along is learned at half its time (it
+/// had half the hardware); one during which `e1` began work teaches nothing (its
+/// share is unknown); one alone is learned as it came.
+fn what_a_neighbour_took_is_not_learned(io: &str) {
+    let engine = |model| EngineConfig {
+        prefill_per_token: Duration::from_millis(4),
+        decode_per_token: Duration::from_millis(50),
+        ..EngineConfig::new(model)
+    };
+    let engines = [start_engine(io, engine("a")), start_engine(io, engine("b"))];
+    let mut toml = gateway_toml(io, 1, "", &[]);
+    for (i, (e, model)) in engines.iter().zip(["a", "b"]).enumerate() {
+        toml.push_str(&format!(
+            "\n[[backends]]\nid = \"e{i}\"\nurl = \"{}\"\nmodels = [\"{model}\"]\ncompute_group = \"gpu0\"\n",
+            e.url()
+        ));
+    }
+    let gw = radixgate::Gateway::start(radixgate::config::Config::from_toml(&toml).unwrap())
+        .expect("gateway starts");
+    let addr = gw.local_addr();
+    let metrics = move || Client::connect(addr).get("/metrics").text();
+    let e0_rate_ms = move || {
+        metric(
+            &metrics(),
+            "radixgate_backend_prefill_ns_per_token{backend=\"e0\"}",
+        )
+        .unwrap()
+            / 1e6
+    };
+    // About 180 uncached tokens: 0.7 s of prefill on e0.
+    let ask_e0 = move |tag: &str| {
+        let r = Client::connect(addr).post(
+            "/v1/chat/completions",
+            &model_prompt("a", tag, 120, 1),
+            &[],
+        );
+        assert_eq!((r.status, r.header("x-router-backend")), (200, Some("e0")));
+    };
+    // A long answer on e1 (40 tokens at 50 ms each), `after` a pause.
+    let neighbour_works = move |after: Duration| {
+        #[allow(clippy::disallowed_methods)] // a client thread, not a shard
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let r = Client::connect(addr).post(
+                "/v1/chat/completions",
+                &model_prompt("b", "n", 20, 40),
+                &[],
+            );
+            assert_eq!((r.status, r.header("x-router-backend")), (200, Some("e1")));
+        })
+    };
+    let e1_busy = move || {
+        eventually(Duration::from_secs(5), || {
+            metric(&metrics(), "radixgate_backend_in_flight{backend=\"e1\"}") == Some(1.0)
+        })
+    };
+
+    // e1 works from before e0's request is routed until after its first token.
+    let busy = neighbour_works(Duration::ZERO);
+    assert!(e1_busy(), "e1 takes its request");
+    ask_e0("busy");
+    let shared = e0_rate_ms();
+    assert!((1.8..2.6).contains(&shared), "learned {shared} ms a token");
+    busy.join().unwrap();
+
+    // e1 idle when e0's request is routed, working by its first token.
+    let joining = neighbour_works(Duration::from_millis(100));
+    ask_e0("joined");
+    assert!(e1_busy(), "e1 took its request while e0 prefilled");
+    assert_eq!(e0_rate_ms(), shared, "a share unknown teaches nothing");
+    joining.join().unwrap();
+
+    // Alone: 4 ms a token; the rate is the median of the two samples, 3.
+    ask_e0("alone");
+    let both = e0_rate_ms();
+    assert!((2.8..3.6).contains(&both), "learned {both} ms a token");
+}
+both_drivers!(what_a_neighbour_took_is_not_learned);
+
 /// A chat body for `model` whose prompt is `n` words of six bytes (about 10 per
 /// 64-byte block) tagged `tag`: a longer one with the same tag continues a shorter.
 fn words_prompt(model: &str, tag: char, n: usize, max_tokens: u32, stream: bool) -> String {

@@ -315,10 +315,11 @@ pub struct Decision {
     /// Prompt tokens the pick expected to prefill for the requests ahead of this one
     /// ([`Candidate::pending_prefill_tokens`] at the decision).
     pub pending_prefill_before: u32,
-    /// The queued work of the backends sharing the pick's compute, in ns
-    /// ([`Candidate::peer_queue_ns`] at the decision; 0 for split legs): how much of
-    /// this request's time to first token its neighbours may have taken.
-    pub peer_queue_before_ns: u64,
+    /// The backends sharing the pick's compute that had requests in flight
+    /// ([`Candidate::peers_busy`] at the decision; 0 for split legs): with the count
+    /// at the first token, whether the request had its compute to itself, or a known
+    /// share of it, while it waited.
+    pub peers_busy_before: u32,
     /// Prompt tokens the pick is expected to prefill (its unmatched blocks): what to
     /// count in its pending prefill until the first response byte (0 for split legs).
     pub uncached_tokens: u32,
@@ -528,7 +529,7 @@ impl Router {
             prompt_blocks: facts.blocks.len() as u32,
             in_flight_before: chosen.in_flight,
             pending_prefill_before: chosen.pending_prefill_tokens,
-            peer_queue_before_ns: chosen.peer_queue_ns,
+            peers_busy_before: chosen.peers_busy,
             uncached_tokens: uncached_tokens(
                 &self.config,
                 facts.blocks.len(),
@@ -655,7 +656,7 @@ impl Router {
                 prompt_blocks: facts.blocks.len() as u32,
                 in_flight_before: u32::MAX,
                 pending_prefill_before: 0,
-                peer_queue_before_ns: 0,
+                peers_busy_before: 0,
                 uncached_tokens: 0,
                 probe: fleet.breaker(backend) == BreakerState::HalfOpen,
                 alternatives,
@@ -874,30 +875,31 @@ impl Filter<'_> {
         Ok(())
     }
 
-    /// Sets each candidate's [`Candidate::compute_group`] and
-    /// [`Candidate::peer_queue_ns`]: the queues of the backends
-    /// that share its compute, priced as the cost model prices a queue
-    /// ([`PrefixAware::queue_ns`]; a peer that is a candidate too with its bounded
-    /// costs, any other as its state says).
+    /// Sets each candidate's [`Candidate::compute_group`],
+    /// [`Candidate::peer_queue_ns`] (the queues of the backends that share its
+    /// compute, priced as the cost model prices a queue: [`PrefixAware::queue_ns`]; a
+    /// peer that is a candidate too with its bounded costs, any other as its state
+    /// says) and [`Candidate::peers_busy`].
     fn price_peers(&self, out: &mut [Candidate], fleet: &impl FleetView) {
         for i in 0..out.len() {
             let peers = fleet.compute_peers(out[i].backend);
             if peers.is_empty() {
                 continue;
             }
-            let queued: f64 = peers
-                .iter()
-                .map(|&p| {
-                    let peer = out
-                        .iter()
-                        .find(|c| c.backend == p)
-                        .copied()
-                        .unwrap_or_else(|| queue_of(p, &fleet.backend(p)));
-                    self.cost_model.queue_ns(&peer)
-                })
-                .sum();
+            let mut queued = 0.0;
+            let mut busy = 0;
+            for &p in peers {
+                let peer = out
+                    .iter()
+                    .find(|c| c.backend == p)
+                    .copied()
+                    .unwrap_or_else(|| queue_of(p, &fleet.backend(p)));
+                queued += self.cost_model.queue_ns(&peer);
+                busy += u32::from(peer.in_flight > 0);
+            }
             // Saturating: an infinite queue is the longest.
             out[i].peer_queue_ns = queued as u64;
+            out[i].peers_busy = busy;
             out[i].compute_group = peers.iter().copied().min().map(|p| p.min(out[i].backend));
         }
     }

@@ -262,6 +262,10 @@ pub(super) struct Exchange<'s> {
     pub backend: usize,
     pub started: Instant,
     pub first_byte: Option<Instant>,
+    /// The backends sharing this one's compute that had requests in flight at the
+    /// first byte (with [`Decision::peers_busy_before`], what the learned costs
+    /// need to take out the share they took).
+    pub peers_busy_at_first_byte: u32,
     /// The attempt's predicted prefill in the backend's pending-prefill count, released
     /// at the first response byte (or when the attempt ends without one).
     pub pending_prefill: Option<crate::pending_prefill::PendingGuard<'s>>,
@@ -303,6 +307,7 @@ impl<'s> Exchange<'s> {
             backend,
             started,
             first_byte: None,
+            peers_busy_at_first_byte: 0,
             pending_prefill: None,
             usage: UsageScanner::default(),
             status: 0,
@@ -339,6 +344,12 @@ impl Exchange<'_> {
     pub(super) fn got_first_byte(&mut self) {
         let now = Instant::now();
         self.first_byte = Some(now);
+        let shared = &self.shard.shared;
+        self.peers_busy_at_first_byte = (self.shard.fleet.borrow().live.backends)
+            .compute_peers(self.backend)
+            .iter()
+            .map(|&p| u32::from(shared.in_flight.total(p) > 0))
+            .sum();
         if let Some(pending) = self.pending_prefill.take() {
             pending.release(now.into_std());
         }
@@ -840,7 +851,8 @@ impl Exchange<'_> {
                     uncached_tokens: prompt.saturating_sub(reported),
                     in_flight_before: route.in_flight_before,
                     pending_prefill_before: route.pending_prefill_before,
-                    peer_queue_before_ns: route.peer_queue_before_ns,
+                    peers_busy_before: route.peers_busy_before,
+                    peers_busy_at_first_token: self.peers_busy_at_first_byte,
                 },
                 fixed_delay,
             );

@@ -75,6 +75,10 @@ pub struct Candidate {
     /// share it, or they are idle). While both have work each runs at a share of the
     /// hardware ([`prefix_aware::PrefixAware::sharing_ns`]).
     pub peer_queue_ns: u64,
+    /// How many of the backends that share this one's compute have requests in
+    /// flight (0: none share it, or they are idle): what a request routed here shares
+    /// its hardware with from the start ([`crate::Decision::peers_busy_before`]).
+    pub peers_busy: u32,
     /// The lowest backend index among this backend and those sharing its compute
     /// (`None`: it shares with none): candidates with the same group run on the same
     /// hardware, and new prefixes are spread over hardware, not over backends

@@ -663,6 +663,31 @@ fn a_peer_outside_the_candidates_is_priced_from_its_state() {
 }
 
 #[test]
+fn a_decision_counts_the_busy_peers_of_its_pick() {
+    // Engines 0 and 2 share a core with a prefill-only engine 3 (not a candidate);
+    // least_loaded picks 0, the idle one. What learning reads from the decision: how
+    // many of its peers had work when it was routed.
+    let mut r = router();
+    let rep = replica(4, 100);
+    let mut fleet = TestFleet::healthy(4);
+    fleet.states[3].role = Role::Prefill;
+    fleet.compute_peers = vec![vec![2, 3], vec![], vec![0, 3], vec![0, 2]];
+    fleet.states[1].in_flight = 5;
+    let blocks = prompt(1, 4);
+    let f = facts(PolicyName::LeastLoaded, &blocks);
+    let busy_peers = |r: &mut Router, fleet: &TestFleet| {
+        let d = r.decide(&rep, fleet, &f, 0).unwrap();
+        assert_eq!(d.pick.backend, 0);
+        d.peers_busy_before
+    };
+    assert_eq!(busy_peers(&mut r, &fleet), 0);
+    fleet.states[2].in_flight = 1;
+    assert_eq!(busy_peers(&mut r, &fleet), 1);
+    fleet.states[3].in_flight = 2;
+    assert_eq!(busy_peers(&mut r, &fleet), 2);
+}
+
+#[test]
 fn the_last_decision_is_explained_candidate_by_candidate() {
     let mut r = router();
     let mut rep = replica(2, 64);
