@@ -17,7 +17,7 @@
 //!             + prefill_fixed_ns
 //!             + prefill_ns_per_token * tokens_per_block * (prompt_blocks - matched_blocks)
 //!             + prefill_ns_per_token * uncached_media_tokens
-//! est_ttft_ns += min(est_ttft_ns, peer_queue_ns)
+//! est_ttft_ns += max(est_ttft_ns * peers_busy, min(est_ttft_ns, peer_queue_ns))
 //! ```
 //!
 //! Candidates are ranked by the estimate plus the cost of what the placement evicts
@@ -61,10 +61,18 @@
 //!
 //! The last line is for backends that share their compute with others (two engines
 //! on one GPU, or on the same CPU cores: config `backends[].compute_group`).
-//! `peer_queue_ns` is the queue of those others, each priced by the same first
-//! terms; while both have work each runs at half speed, so the request's first token
-//! comes later by as much of the peers' work as overlaps its own
-//! ([`PrefixAware::sharing_ns`]). Without it, a burst of new prompts on three CPU
+//! `peers_busy` is how many of those others have requests in flight: each works on
+//! until its requests have answered, decode included, so the request runs at
+//! `1 / (1 + peers_busy)` of the hardware all along. `peer_queue_ns` is the queue of
+//! those others, each priced by the same first terms (what counts when an engine's
+//! own scrape shows more waiting than the gateway sent it); while both have work
+//! each runs at half speed, so the request's first token comes later by as much of
+//! the peers' work as overlaps its own ([`PrefixAware::sharing_ns`]). Priced by the
+//! queue alone, an engine whose neighbour was decoding four answers looked as good as
+//! idle: a cold 2,164-token prompt was estimated at 12.8 s there and took 25.5 s,
+//! and two requests moved off their busy holders, estimated at 6.0–6.4 s there, took
+//! 25.2 s (`radixgate-bench real`,
+//! multiturn, concurrency 8). Without the sharing term at all, a burst of new prompts on three CPU
 //! engines, two of them on one core, put five or six of eight on that core: each
 //! engine looked idle while its neighbour was not, and those requests waited 3.9–5.9 s
 //! against 0.8–1.7 s on the engine with a core of its own (`radixgate-bench real`,
@@ -429,16 +437,16 @@ impl PrefixAware {
     }
 
     /// What the backends sharing this one's compute add to `own_ns` of work on it,
-    /// in ns: while both have work, two engines on one core (or one GPU) each run at
-    /// half speed, so the work finishes later by as much of the peers' queued work
-    /// (`peer_queue_ns`) as overlaps it: the smaller of the two. Exact for two
-    /// engines sharing fairly; for more, a lower bound (the peers' work is summed
-    /// before it is compared).
+    /// in ns. A peer with requests in flight (`peers_busy`) works on until they have
+    /// answered, decode included, which outlasts the prefill queued there: the
+    /// work runs at `1 / (1 + peers_busy)` of the hardware throughout (the share the
+    /// learned costs take out, `crate::Decision::peers_busy_before`). Where the peers'
+    /// queued work (`peer_queue_ns`, which counts what other clients queue there too)
+    /// says more, the work finishes later by as much of it as overlaps: the smaller
+    /// of the two.
     pub fn sharing_ns(&self, candidate: &Candidate, own_ns: f64) -> f64 {
-        match candidate.peer_queue_ns {
-            0 => 0.0,
-            peers => own_ns.min(peers as f64),
-        }
+        let busy = own_ns * f64::from(candidate.peers_busy);
+        busy.max(own_ns.min(candidate.peer_queue_ns as f64))
     }
 
     /// What placing the prompt on this backend costs later, in ns: its missing blocks

@@ -1458,6 +1458,34 @@ fn a_neighbours_queue_slows_the_work_it_overlaps() {
 }
 
 #[test]
+fn a_busy_neighbour_takes_its_share_of_all_the_work() {
+    let p = defaults();
+    // 11.4 ms alone (as above); a neighbour decoding answers has no prefill queued
+    // and a small queue cost, but works all along: the request gets half the core.
+    let alone = c(0, 1, 10);
+    let decoding = Candidate {
+        peers_busy: 1,
+        peer_queue_ns: (1.0 * MS) as u64,
+        ..alone
+    };
+    assert_eq!(p.est_ttft_ns(&decoding, 30), 22.8 * MS);
+    // Two busy neighbours: a third of it.
+    let two = Candidate {
+        peers_busy: 2,
+        ..decoding
+    };
+    assert_eq!(p.est_ttft_ns(&two, 30), 34.2 * MS);
+    // Idle neighbours with queued work (another client's, in the engine's scrape)
+    // still count by their queue.
+    let queued = Candidate {
+        peers_busy: 0,
+        peer_queue_ns: (4.0 * MS) as u64,
+        ..alone
+    };
+    assert_eq!(p.est_ttft_ns(&queued, 30), 15.4 * MS);
+}
+
+#[test]
 fn a_new_prefix_skips_an_idle_engine_whose_neighbour_is_busy() {
     // Engines 0 and 2 share a core; 2 has 40 ms of prefill queued, 0 is idle, and 1
     // (a core of its own) has 3.2 ms of prefill queued. A cold 20-block prompt (6.4
