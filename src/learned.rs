@@ -52,8 +52,8 @@
 //! requests in flight both when it was routed and at its first token had
 //! `1 / (1 + k)` of the hardware all along, and is learned as `ttft / (1 + k)`; one
 //! whose peers started or finished work in between teaches nothing (what share it
-//! had is unknown). The cost model adds the sharing once, from the peers' queues at
-//! the decision. Learned as they were, three CPU engines of which two shared a core
+//! had is unknown). The cost model adds the sharing back once, the same way, from the
+//! peers busy at the decision (`PrefixAware::sharing_ns`). Learned as they were, three CPU engines of which two shared a core
 //! learned 1.1–1.9 ms a token on the shared core against 0.53 alone, and priced on
 //! top of that, sharing counted twice. Less only the peers' queue at the decision,
 //! the two shared-core engines learned 10.6 and 11.8 ms a token against 5.5 (the

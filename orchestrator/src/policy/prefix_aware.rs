@@ -71,13 +71,12 @@
 //! queue alone, an engine whose neighbour was decoding four answers looked as good as
 //! idle: a cold 2,164-token prompt was estimated at 12.8 s there and took 25.5 s,
 //! and two requests moved off their busy holders, estimated at 6.0–6.4 s there, took
-//! 25.2 s (`radixgate-bench real`,
-//! multiturn, concurrency 8). Without the sharing term at all, a burst of new prompts on three CPU
-//! engines, two of them on one core, put five or six of eight on that core: each
-//! engine looked idle while its neighbour was not, and those requests waited 3.9–5.9 s
-//! against 0.8–1.7 s on the engine with a core of its own (`radixgate-bench real`,
-//! docs, concurrency 8, the tail of the runs where prefix_aware lost to
-//! least_loaded).
+//! 25.2 s (`radixgate-bench real`, multiturn, concurrency 8). Without the sharing
+//! term at all, a burst of new prompts on three CPU engines, two of them on one
+//! core, put five or six of eight on that core: each engine looked idle while its
+//! neighbour was not, and those requests waited 3.9–5.9 s against 0.8–1.7 s on the
+//! engine with a core of its own (`radixgate-bench real`, docs, concurrency 8, the
+//! tail of the runs where prefix_aware lost to least_loaded).
 //!
 //! A backend is *saturated* when its load is at `saturation_inflight` or more and at
 //! least [`SATURATION_OVER_MEAN`] times the candidates' mean load. The pick goes, in
