@@ -53,9 +53,9 @@
 //! `1 / (1 + k)` of the hardware all along, and is learned as `ttft / (1 + k)`; one
 //! whose peers started or finished work in between teaches nothing (what share it
 //! had is unknown). The cost model adds the sharing back once, the same way, from the
-//! peers busy at the decision (`PrefixAware::sharing_ns`). Learned as they were, three CPU engines of which two shared a core
-//! learned 1.1–1.9 ms a token on the shared core against 0.53 alone, and priced on
-//! top of that, sharing counted twice. Less only the peers' queue at the decision,
+//! peers busy at the decision (`PrefixAware::sharing_ns`). Learned as they were,
+//! three CPU engines of which two shared a core learned 1.1–1.9 ms a token on the
+//! shared core against 0.53 alone, and priced on top of that, sharing counted twice. Less only the peers' queue at the decision,
 //! the two shared-core engines learned 10.6 and 11.8 ms a token against 5.5 (the
 //! third, alone on its core, 5.9) under least-loaded at concurrency 8, where a
 //! neighbour's work mostly began during the request's own prefill
@@ -149,7 +149,7 @@ impl LearnedCost {
     /// samples are measured against).
     pub fn learn(&mut self, s: Sample, fixed_delay: bool) {
         // Costs are the backend's own: what its neighbours took is priced apart
-        // (`Candidate::peer_queue_ns`), and learned into the costs too it would be
+        // (`PrefixAware::sharing_ns`), and learned into the costs too it would be
         // counted twice.
         let Some(ttft_ns) = s.unshared_ttft_ns() else {
             return;
@@ -305,8 +305,8 @@ mod tests {
     /// Two engines on one core: a request whose neighbour worked all along ran at
     /// half speed and is learned as it would have run alone, so the rate is the
     /// engine's own and sharing is counted once (by the cost model, from the
-    /// neighbour's queue); one whose neighbour started or stopped meanwhile teaches
-    /// nothing.
+    /// neighbours busy at the decision); one whose neighbour started or stopped
+    /// meanwhile teaches nothing.
     #[test]
     fn what_a_neighbour_took_is_not_learned_as_the_engines_own() {
         let with_peers = |ttft_ms, before, at_first_token| Sample {
@@ -326,9 +326,8 @@ mod tests {
         let mut l = LearnedCost::default();
         l.learn_sample(with_peers(500, 0, 0));
         assert_eq!(l.prefill_ns_per_token, 1_000_000);
-        // A neighbour that began (the trace above: learned as it came, 1.6 ms a
-        // token) or finished work meanwhile: nothing learned, the rate, the fit and
-        // the queue cost alike.
+        // A neighbour that began or finished work meanwhile: nothing learned, the
+        // rate, the fit and the queue cost alike.
         let rate_known = LearnedCost {
             prefill_ns_per_token: 1_000_000,
             ..LearnedCost::default()
