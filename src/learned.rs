@@ -55,11 +55,11 @@
 //! had is unknown). The cost model adds the sharing back once, the same way, from the
 //! peers busy at the decision (`PrefixAware::sharing_ns`). Learned as they were,
 //! three CPU engines of which two shared a core learned 1.1–1.9 ms a token on the
-//! shared core against 0.53 alone, and priced on top of that, sharing counted twice. Less only the peers' queue at the decision,
-//! the two shared-core engines learned 10.6 and 11.8 ms a token against 5.5 (the
-//! third, alone on its core, 5.9) under least-loaded at concurrency 8, where a
-//! neighbour's work mostly began during the request's own prefill
-//! (`radixgate-bench real`, multiturn).
+//! shared core against 0.53 alone, and priced on top of that, sharing counted
+//! twice. Less only the peers' queue at the decision, the two shared-core engines
+//! learned 10.6 and 11.8 ms a token against 5.5 (the third, alone on its core, 5.9)
+//! under least-loaded at concurrency 8, where a neighbour's work mostly began during
+//! the request's own prefill (`radixgate-bench real`, multiturn).
 //!
 //! All are per shard, with no lock: a shard learns from what it routed. 0 means not
 //! learned yet (the policy then uses its configured default).
