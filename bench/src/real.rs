@@ -137,10 +137,6 @@ pub const NO_CACHE_IN_USE: &str = "prefix_aware_no_cache_in_use";
 /// placed lately whether or not prompts still use it
 /// (`routing.prefix_aware.forget_unused_placements = false`): an ablation.
 pub const KEEP_UNUSED_PLACEMENTS: &str = "prefix_aware_keep_unused_placements";
-/// The policy name that selects prefix_aware on a gateway that charges a backend's
-/// cache overflow for its new prefixes weighed by how lately each was placed
-/// (`routing.prefix_aware.crowd_by_live_prefixes = false`): an ablation.
-pub const WEIGHTED_CROWDING: &str = "prefix_aware_weighted_crowding";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -167,10 +163,7 @@ enum Variant {
     NoSharedCompute,
     /// Bytes mode with a match counted whole however busy its engine's cache.
     NoCacheInUse,
-    /// Bytes mode with a new prefix counted after it went unused.
     KeepUnusedPlacements,
-    /// Bytes mode with the cache overflow charged for new prefixes weighed by age.
-    WeightedCrowding,
 }
 
 impl Variant {
@@ -188,7 +181,6 @@ impl Variant {
             NO_SHARED_COMPUTE => (Variant::NoSharedCompute, "prefix_aware"),
             NO_CACHE_IN_USE => (Variant::NoCacheInUse, "prefix_aware"),
             KEEP_UNUSED_PLACEMENTS => (Variant::KeepUnusedPlacements, "prefix_aware"),
-            WEIGHTED_CROWDING => (Variant::WeightedCrowding, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -207,7 +199,6 @@ impl Variant {
             Variant::NoSharedCompute => "no-shared-compute",
             Variant::NoCacheInUse => "no-cache-in-use",
             Variant::KeepUnusedPlacements => "keep-unused-placements",
-            Variant::WeightedCrowding => "weighted-crowding",
         }
     }
 }
@@ -667,9 +658,6 @@ impl Gateway {
             }
             Variant::KeepUnusedPlacements => {
                 toml.push_str("\n[routing.prefix_aware]\nforget_unused_placements = false\n")
-            }
-            Variant::WeightedCrowding => {
-                toml.push_str("\n[routing.prefix_aware]\ncrowd_by_live_prefixes = false\n")
             }
             Variant::Bytes | Variant::Precise | Variant::NoSharedCompute => {}
         }

@@ -177,7 +177,7 @@ fn explain(shard: &Shard, facts: &RoutingFacts<'_>, decision: &Decision) {
         let _ = write!(
             candidates,
             "{}: matched={} kept={} busy={} in_flight={} est_ms={:.0} wait_ms={:.0} \
-             eviction_ms={:.0} crowding_ms={:.0} placed={} live={} room={}; ",
+             eviction_ms={:.0} crowding_ms={:.0} placed={} room={}; ",
             shard.backend_id(e.backend),
             e.matched_blocks,
             e.kept_blocks,
@@ -188,7 +188,6 @@ fn explain(shard: &Shard, facts: &RoutingFacts<'_>, decision: &Decision) {
             ms(e.eviction_ns),
             ms(e.crowding_ns),
             e.placed_on_hardware,
-            e.live_prefixes,
             e.free_room,
         );
     }

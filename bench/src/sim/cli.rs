@@ -243,11 +243,6 @@ pub struct SimArgs {
     /// use it (PrefixAwareConfig::forget_unused_placements = false, the ablation).
     #[arg(long)]
     pub keep_unused_placements: bool,
-    /// prefix_aware: charge a backend's cache overflow for its new prefixes weighed
-    /// by how lately each was placed, not each in use whole
-    /// (PrefixAwareConfig::crowd_by_live_prefixes = false, the ablation).
-    #[arg(long)]
-    pub weighted_crowding: bool,
     /// The router's `routing.index_touch_ms` (the gateway's default): a prompt the
     /// chosen backend holds whole, last used less than this long ago, is not
     /// re-inserted, so its recency in the index lags by up to this much; 0 refreshes
@@ -286,7 +281,6 @@ impl SimArgs {
         prefix.price_footprint = !self.no_price_footprint;
         prefix.price_cache_in_use = !self.no_price_cache_in_use;
         prefix.forget_unused_placements = !self.keep_unused_placements;
-        prefix.crowd_by_live_prefixes = !self.weighted_crowding;
         prefix.default_prefill_ns_per_token = (self.prefill_us_per_token * 1e3).round() as u32;
         let mut policy = PolicyConfig {
             backend_ids: backend_ids(backends),

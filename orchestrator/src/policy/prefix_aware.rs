@@ -276,11 +276,6 @@ pub struct PrefixAwareConfig {
     /// prompts that extend it keep coming ([`RecentPlacements`]); off, until enough
     /// others are placed after it, however long ago it was last used (the ablation).
     pub forget_unused_placements: bool,
-    /// The overflow a backend is charged for ([`PrefixAware::crowding_ns`]) counts
-    /// every new prefix placed there that prompts still extend, each whole; off,
-    /// each weighed by how lately it was placed, as the spread of new prefixes
-    /// counts them (the ablation).
-    pub crowd_by_live_prefixes: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -301,7 +296,6 @@ impl Default for PrefixAwareConfig {
             price_footprint: true,
             price_cache_in_use: true,
             forget_unused_placements: true,
-            crowd_by_live_prefixes: true,
         }
     }
 }
@@ -321,7 +315,6 @@ pub struct PrefixAware {
     spread_new_prefixes: bool,
     price_footprint: bool,
     price_cache_in_use: bool,
-    crowd_by_live_prefixes: bool,
     recent_new_prefixes: RecentPlacements,
     prompt_sizes: PromptSizes,
 }
@@ -344,7 +337,6 @@ impl PrefixAware {
             spread_new_prefixes: config.spread_new_prefixes,
             price_footprint: config.price_footprint,
             price_cache_in_use: config.price_cache_in_use,
-            crowd_by_live_prefixes: config.crowd_by_live_prefixes,
             recent_new_prefixes: RecentPlacements {
                 keep_unused: !config.forget_unused_placements,
                 ..RecentPlacements::default()
@@ -479,42 +471,24 @@ impl PrefixAware {
     }
 
     /// What a new prefix placed on this backend is expected to cost its cache later,
-    /// in ns: the backend's live new prefixes ([`Self::crowding_prefixes`]) and this
-    /// one, each grown to `footprint_blocks` (the size of the large prompts seen
-    /// lately, [`PromptSizes`]), beyond the backend's cache capacity
-    /// (`cache_blocks`), at a cold prefill per block. A conversation is a few blocks
-    /// at its first turn and grows at every turn where it was placed; blocks its
-    /// growth pushes out are ones a live conversation asks for at its next turn, so
-    /// each is charged a whole prefill, not the `eviction_weight` share of a
-    /// least-recently-used block. 0 when the capacity is unknown or the footprint is
-    /// not priced.
+    /// in ns: the backend's recent new prefixes ([`RecentPlacements`]) and this one,
+    /// each grown to `footprint_blocks` (the size of the large prompts seen lately,
+    /// [`PromptSizes`]), beyond the backend's cache capacity (`cache_blocks`), at a
+    /// cold prefill per block. A conversation is a few blocks at its first turn and
+    /// grows at every turn where it was placed; blocks its growth pushes out are
+    /// ones a live conversation asks for at its next turn, so each is charged a whole
+    /// prefill, not the `eviction_weight` share of a least-recently-used block. 0
+    /// when the capacity is unknown or the footprint is not priced.
     pub fn crowding_ns(&self, candidate: &Candidate, footprint_blocks: u32) -> f64 {
         if !self.price_footprint || candidate.cache_blocks == 0 {
             return 0.0;
         }
-        let live = self.crowding_prefixes(candidate.backend) + 1.0;
+        let live = f64::from(self.recent_new_prefixes.recent(candidate.backend)) + 1.0;
         let overflow = live * f64::from(footprint_blocks) - f64::from(candidate.cache_blocks);
         if overflow <= 0.0 {
             return 0.0;
         }
         self.prefill_ns_per_token(candidate) * self.tokens_per_block * overflow
-    }
-
-    /// The new prefixes on `backend` that [`Self::crowding_ns`] expects to grow there:
-    /// every one prompts still extend, each whole ([`RecentPlacements::live_prefixes`]).
-    /// Weighed by how lately each was placed (`crowd_by_live_prefixes = false`, the
-    /// ablation), conversations placed early weighed little however long they went
-    /// on: the engine alone on its core held four conversations in flight, with its
-    /// cache full, when a move onto it was charged for two (`radixgate-bench real`,
-    /// multiturn, concurrency 8; the decision log), and it gathered 2.8–3.7
-    /// requests ahead of each of its own against 1.2–1.3 under least-loaded.
-    pub fn crowding_prefixes(&self, backend: BackendIdx) -> f64 {
-        let recent = &self.recent_new_prefixes;
-        if self.crowd_by_live_prefixes {
-            f64::from(recent.live_prefixes(backend))
-        } else {
-            f64::from(recent.recent(backend))
-        }
     }
 
     /// The new prefixes placed lately ([`RecentPlacements`]) on the hardware `c` runs
@@ -563,7 +537,6 @@ impl PrefixAware {
             eviction_ns: self.eviction_ns(c, prompt_blocks),
             crowding_ns: self.crowding_ns(c, self.footprint_blocks(shared)),
             placed_on_hardware: self.placed_on_hardware(candidates, c),
-            live_prefixes: self.recent_new_prefixes.live_prefixes(c.backend),
             free_room: free_room(c),
         }
     }
@@ -862,8 +835,6 @@ pub struct Explained {
     /// [`PrefixAware::crowding_ns`] at the footprint of the large prompts lately.
     pub crowding_ns: f64,
     pub placed_on_hardware: u32,
-    /// [`RecentPlacements::live_prefixes`].
-    pub live_prefixes: u32,
     pub free_room: u32,
 }
 
@@ -914,11 +885,8 @@ pub struct RecentPlacements {
     /// one placed longest ago goes.
     placed: Vec<Placed>,
     /// Per backend, the weights of its placements still in use as of the last
-    /// [`Self::count`]; grows when a backend first gets one.
+    /// [`Self::observe`] or [`Self::record`]; grows when a backend first gets one.
     live: Vec<f32>,
-    /// Per backend, how many of its placements are still in use as of the last
-    /// [`Self::count`]; as long as `live`.
-    live_count: Vec<u32>,
     /// The mean time between two uses of a placed prefix, in ms (moving average; 0:
     /// none seen yet, and then every placement counts as in use).
     gap_ms: f32,
@@ -988,7 +956,6 @@ impl RecentPlacements {
     pub fn reserve(&mut self, backends: usize) {
         self.placed.reserve(NEW_PREFIXES_KEPT);
         self.live.reserve(backends);
-        self.live_count.reserve(backends);
     }
 
     /// The backend's recent new prefixes in use, rounded to a whole count.
@@ -1005,12 +972,6 @@ impl RecentPlacements {
     /// The backend's recent new prefixes in use, unrounded.
     pub fn recent(&self, backend: BackendIdx) -> f32 {
         self.live.get(backend).copied().unwrap_or(0.0)
-    }
-
-    /// How many of the placements kept on the backend are in use, each counted whole
-    /// however long ago it was placed: the conversations it serves.
-    pub fn live_prefixes(&self, backend: BackendIdx) -> u32 {
-        self.live_count.get(backend).copied().unwrap_or(0)
     }
 
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
@@ -1094,22 +1055,18 @@ impl RecentPlacements {
         self.count(now_ms);
     }
 
-    /// Sums the weights of the placements in use at `now_ms` per backend, and counts
-    /// them: what the counts read until the next call (a pick calls it only where
-    /// they matter).
+    /// Sums the weights of the placements in use at `now_ms` per backend: what the
+    /// counts read until the next call (a pick calls it only where they matter).
     pub fn count(&mut self, now_ms: u64) {
         self.live.fill(0.0);
-        self.live_count.fill(0);
         for p in &self.placed {
             if !self.keep_unused && !self.in_use(p, now_ms) {
                 continue;
             }
             if self.live.len() <= p.backend {
                 self.live.resize(p.backend + 1, 0.0);
-                self.live_count.resize(p.backend + 1, 0);
             }
             self.live[p.backend] += p.weight;
-            self.live_count[p.backend] += 1;
         }
     }
 

@@ -85,7 +85,6 @@ fn default_config() {
             price_footprint: true,
             price_cache_in_use: true,
             forget_unused_placements: true,
-            crowd_by_live_prefixes: true,
         }
     );
 }
@@ -1655,62 +1654,4 @@ fn a_prefix_the_work_ahead_would_evict_is_not_worth_waiting_for() {
         pick(&mut priced, &cands, 16),
         picked(1, Reason::FallbackLeastLoaded)
     );
-}
-
-#[test]
-fn a_move_is_charged_for_every_live_conversation_on_its_destination() {
-    // The trace: engine 1 was given four conversations early, then eight more went
-    // to engine 0, so engine 1's four weigh 0.94^8..0.94^11 of a placement made now
-    // (2.2 together). All twelve go on, a turn a second. Engine 0 holds 20 of the
-    // next prompt's 29 blocks behind a request (1.2 s to first token); engine 1 is
-    // idle (0.67 s, cold). At the 44 blocks prompts lately reached, four
-    // conversations fit engine 1's 179-block cache and a fifth overflows it by 41
-    // blocks (0.94 s of prefill): counted whole, the move is charged for that and
-    // the conversation stays; weighed by age, nothing, and it moves.
-    let place = |crowd_by_live_prefixes| {
-        let mut p = PrefixAware::new(&PrefixAwareConfig {
-            tokens_per_block: 46.0,
-            crowd_by_live_prefixes,
-            ..base()
-        });
-        for _ in 0..PROMPT_SIZES_KEPT {
-            p.prompt_sizes.record(44);
-        }
-        let on = |k: u64| if k <= 4 { 1 } else { 0 };
-        for k in 1..=12 {
-            p.recent_new_prefixes
-                .record(on(k), &conversation(k, 5), 0, 0);
-        }
-        for turn in 1..=6 {
-            for k in 1..=12 {
-                p.recent_new_prefixes
-                    .observe(&conversation(k, 5 + 4 * turn), turn * 1_000);
-            }
-        }
-        let engine = |b, in_flight, matched| Candidate {
-            prefill_ns_per_token: 500_000,
-            queue_ns_per_request: 1_000_000_000,
-            cache_blocks: 179,
-            cache_free_blocks: Some(40),
-            ..c(b, in_flight, matched)
-        };
-        let cands = [engine(0, 1, 20), engine(1, 0, 0)];
-        let input = RouteInput {
-            candidates: &cands,
-            prompt_blocks: 29,
-            prompt: &conversation(99, 29),
-            now_ms: 6_500,
-            ..RouteInput::default()
-        };
-        p.recent_new_prefixes.count(input.now_ms);
-        let counted = p.crowding_prefixes(1);
-        (
-            p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap(),
-            counted,
-        )
-    };
-    assert_eq!(place(true), (picked(0, Reason::LongestPrefix), 4.0));
-    let (pick, weighed) = place(false);
-    assert_eq!(pick, picked(1, Reason::FallbackLeastLoaded));
-    assert!((2.0..2.5).contains(&weighed), "{weighed}");
 }
