@@ -408,10 +408,6 @@ struct PrefixAwareWire {
     /// A new prefix counts toward its backend's recent ones only while prompts that
     /// extend it keep coming (false: until sixteen more are placed, the ablation).
     forget_unused_placements: bool,
-    /// A conversation's first turn counts for three gaps between turns from its
-    /// placement, however soon it ended (false: from its end by think time, the
-    /// ablation).
-    hold_first_turns: bool,
 }
 
 impl Default for PrefixAwareWire {
@@ -432,7 +428,6 @@ impl Default for PrefixAwareWire {
             price_footprint: d.price_footprint,
             price_cache_in_use: d.price_cache_in_use,
             forget_unused_placements: d.forget_unused_placements,
-            hold_first_turns: d.hold_first_turns,
         }
     }
 }
@@ -1404,7 +1399,6 @@ fn validate_routing(r: RoutingWire, errors: &mut Vec<String>) -> RoutingConfig {
         price_footprint: p.price_footprint,
         price_cache_in_use: p.price_cache_in_use,
         forget_unused_placements: p.forget_unused_placements,
-        hold_first_turns: p.hold_first_turns,
     };
     if r.rag_field.is_empty()
         || !r
@@ -1893,12 +1887,11 @@ mod tests {
     #[test]
     fn prefix_aware_switches_are_on_by_default_and_read() {
         type Switch = fn(&radixgate_orchestrator::PrefixAwareConfig) -> bool;
-        let switches: [(&str, Switch); 5] = [
+        let switches: [(&str, Switch); 4] = [
             ("spread_new_prefixes", |p| p.spread_new_prefixes),
             ("price_footprint", |p| p.price_footprint),
             ("forget_unused_placements", |p| p.forget_unused_placements),
             ("price_cache_in_use", |p| p.price_cache_in_use),
-            ("hold_first_turns", |p| p.hold_first_turns),
         ];
         let default = routing("").unwrap();
         for (key, get) in switches {

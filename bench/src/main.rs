@@ -219,9 +219,7 @@ struct RealArgs {
     /// `compute_group`; the others are), `prefix_aware_no_cache_in_use` one that
     /// counts a cached prefix whole however much of its engine's cache the requests
     /// in flight there hold, `prefix_aware_keep_unused_placements` one that counts a
-    /// new prefix placed lately whether or not prompts still use it,
-    /// `prefix_aware_first_turns_by_think` one that times a conversation's first
-    /// turn from its end by think time, as later turns (the ablations).
+    /// new prefix placed lately whether or not prompts still use it (the ablations).
     #[arg(
         long,
         value_delimiter = ',',

@@ -137,10 +137,6 @@ pub const NO_CACHE_IN_USE: &str = "prefix_aware_no_cache_in_use";
 /// placed lately whether or not prompts still use it
 /// (`routing.prefix_aware.forget_unused_placements = false`): an ablation.
 pub const KEEP_UNUSED_PLACEMENTS: &str = "prefix_aware_keep_unused_placements";
-/// The policy name that selects prefix_aware on a gateway that times a
-/// conversation's first turn from its end by think time, as later turns
-/// (`routing.prefix_aware.hold_first_turns = false`): an ablation.
-pub const FIRST_TURNS_BY_THINK: &str = "prefix_aware_first_turns_by_think";
 
 /// How a gateway in front of the fleet is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -168,8 +164,6 @@ enum Variant {
     /// Bytes mode with a match counted whole however busy its engine's cache.
     NoCacheInUse,
     KeepUnusedPlacements,
-    /// Bytes mode with a first turn timed from its end by think time.
-    FirstTurnsByThink,
 }
 
 impl Variant {
@@ -187,7 +181,6 @@ impl Variant {
             NO_SHARED_COMPUTE => (Variant::NoSharedCompute, "prefix_aware"),
             NO_CACHE_IN_USE => (Variant::NoCacheInUse, "prefix_aware"),
             KEEP_UNUSED_PLACEMENTS => (Variant::KeepUnusedPlacements, "prefix_aware"),
-            FIRST_TURNS_BY_THINK => (Variant::FirstTurnsByThink, "prefix_aware"),
             other => (Variant::Bytes, other),
         }
     }
@@ -206,7 +199,6 @@ impl Variant {
             Variant::NoSharedCompute => "no-shared-compute",
             Variant::NoCacheInUse => "no-cache-in-use",
             Variant::KeepUnusedPlacements => "keep-unused-placements",
-            Variant::FirstTurnsByThink => "first-turns-by-think",
         }
     }
 }
@@ -666,9 +658,6 @@ impl Gateway {
             }
             Variant::KeepUnusedPlacements => {
                 toml.push_str("\n[routing.prefix_aware]\nforget_unused_placements = false\n")
-            }
-            Variant::FirstTurnsByThink => {
-                toml.push_str("\n[routing.prefix_aware]\nhold_first_turns = false\n")
             }
             Variant::Bytes | Variant::Precise | Variant::NoSharedCompute => {}
         }

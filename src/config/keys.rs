@@ -124,7 +124,6 @@ pub const KEYS: &[Key] = &[
     live("routing.prefix_aware.price_footprint"),
     live("routing.prefix_aware.price_cache_in_use"),
     live("routing.prefix_aware.forget_unused_placements"),
-    live("routing.prefix_aware.hold_first_turns"),
     live("routing.rag_field"),
     live("routing.rag_chunk_weight"),
     restart("routing.rag_max_chunks"),

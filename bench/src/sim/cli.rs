@@ -243,10 +243,6 @@ pub struct SimArgs {
     /// use it (PrefixAwareConfig::forget_unused_placements = false, the ablation).
     #[arg(long)]
     pub keep_unused_placements: bool,
-    /// prefix_aware: time a conversation's first turn from its end by think time, as
-    /// later turns (PrefixAwareConfig::hold_first_turns = false, the ablation).
-    #[arg(long)]
-    pub first_turns_by_think: bool,
     /// The router's `routing.index_touch_ms` (the gateway's default): a prompt the
     /// chosen backend holds whole, last used less than this long ago, is not
     /// re-inserted, so its recency in the index lags by up to this much; 0 refreshes
@@ -285,7 +281,6 @@ impl SimArgs {
         prefix.price_footprint = !self.no_price_footprint;
         prefix.price_cache_in_use = !self.no_price_cache_in_use;
         prefix.forget_unused_placements = !self.keep_unused_placements;
-        prefix.hold_first_turns = !self.first_turns_by_think;
         prefix.default_prefill_ns_per_token = (self.prefill_us_per_token * 1e3).round() as u32;
         let mut policy = PolicyConfig {
             backend_ids: backend_ids(backends),

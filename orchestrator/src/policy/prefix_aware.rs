@@ -276,11 +276,6 @@ pub struct PrefixAwareConfig {
     /// prompts that extend it keep coming ([`RecentPlacements`]); off, until enough
     /// others are placed after it, however long ago it was last used (the ablation).
     pub forget_unused_placements: bool,
-    /// A placement used once (a conversation's first turn) counts for three of the
-    /// gaps seen between turns from its placement, even once its request has ended
-    /// ([`RecentPlacements`]); off, from its end for three "think" times, as later
-    /// turns do (the ablation).
-    pub hold_first_turns: bool,
 }
 
 impl Default for PrefixAwareConfig {
@@ -301,7 +296,6 @@ impl Default for PrefixAwareConfig {
             price_footprint: true,
             price_cache_in_use: true,
             forget_unused_placements: true,
-            hold_first_turns: true,
         }
     }
 }
@@ -345,7 +339,6 @@ impl PrefixAware {
             price_cache_in_use: config.price_cache_in_use,
             recent_new_prefixes: RecentPlacements {
                 keep_unused: !config.forget_unused_placements,
-                first_turns_by_think: !config.hold_first_turns,
                 ..RecentPlacements::default()
             },
             prompt_sizes: PromptSizes::default(),
@@ -886,19 +879,6 @@ pub struct Explained {
 /// multiturn, concurrency 8, seed 2; the decision log).
 /// While that request is in flight, or when ends are not reported, the time
 /// between uses decides as above.
-///
-/// A placement used only once (a conversation's first turn) is the exception: the
-/// end of a first turn says nothing of whether the conversation goes on, and the
-/// think times seen so far may all be a client's that answers at once. Once gaps
-/// between turns have been seen, it counts for [`IN_USE_GAPS`] of them from its
-/// placement, however soon its request ended. Timed from its end by think time
-/// alone, at the turn where a multiturn run's conversations start over (the think
-/// times seen until then all near 0, so the 250 ms floor), each new conversation
-/// stopped counting 750 ms after its short first turn ended, and its second turn
-/// came 29–38 s later: seven new conversations in 27 s went to one engine whose
-/// count read two throughout, and their second turns then moved off it and paid
-/// cold prefills (`radixgate-bench real`, multiturn, concurrency 8, seed 5; the
-/// decision log).
 #[derive(Clone, Debug, Default)]
 pub struct RecentPlacements {
     /// The new prefixes placed lately, at most [`NEW_PREFIXES_KEPT`]: when full, the
@@ -916,9 +896,6 @@ pub struct RecentPlacements {
     /// Count every placement kept, used lately or not (`forget_unused_placements =
     /// false`, the ablation).
     keep_unused: bool,
-    /// Time a first turn from its end by think time, as later turns
-    /// (`hold_first_turns = false`, the ablation).
-    first_turns_by_think: bool,
 }
 
 /// One new prefix placed ([`RecentPlacements`]).
@@ -1095,18 +1072,15 @@ impl RecentPlacements {
 
     /// Whether `p` is still in use at `now_ms` (the type's docs say how it is told).
     fn in_use(&self, p: &Placed, now_ms: u64) -> bool {
-        let gap = p.gap_ms.max(self.gap_ms);
-        let within_gaps = now_ms.saturating_sub(p.used_ms) as f32 <= IN_USE_GAPS * gap;
         match p.ended_ms {
             Some(ended) => {
                 let think = p.think_ms.max(self.think_ms).max(THINK_FLOOR_MS);
-                let within_think = now_ms.saturating_sub(ended) as f32 <= IN_USE_GAPS * think;
-                // Used once, with gaps between turns seen: a conversation's first
-                // turn, whose end says nothing of whether it goes on.
-                let first_turn = p.gap_ms == 0.0 && self.gap_ms > 0.0 && !self.first_turns_by_think;
-                within_think || (first_turn && within_gaps)
+                now_ms.saturating_sub(ended) as f32 <= IN_USE_GAPS * think
             }
-            None => gap == 0.0 || within_gaps,
+            None => {
+                let gap = p.gap_ms.max(self.gap_ms);
+                gap == 0.0 || now_ms.saturating_sub(p.used_ms) as f32 <= IN_USE_GAPS * gap
+            }
         }
     }
 }

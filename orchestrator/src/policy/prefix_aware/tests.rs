@@ -85,7 +85,6 @@ fn default_config() {
             price_footprint: true,
             price_cache_in_use: true,
             forget_unused_placements: true,
-            hold_first_turns: true,
         }
     );
 }
@@ -1071,43 +1070,6 @@ fn once_its_last_request_ended_a_placement_counts_for_the_clients_think_time() {
     assert_eq!(r.placed(0), 1);
     r.count(22_001);
     assert_eq!(r.placed(0), 0);
-}
-
-#[test]
-fn a_first_turn_counts_for_three_gaps_from_its_placement_however_soon_it_ended() {
-    // The trace: turns came 10 s apart and every client answered at once (think 0, so
-    // the floor). A new conversation's first turn ended 3 s after it was placed; its
-    // second turn came 30 s later. Timed by think time alone it lapsed 750 ms after
-    // its end; it now counts for three gaps from its placement.
-    let count_after_first_turn = |first_turns_by_think: bool, now_ms: u64| {
-        let mut r = RecentPlacements {
-            first_turns_by_think,
-            ..RecentPlacements::default()
-        };
-        r.record(0, &conversation(1, 5), 0, 0);
-        r.ended(prompt_tail(&conversation(1, 5)), 10_000);
-        r.observe(&conversation(1, 10), 10_000);
-        r.ended(prompt_tail(&conversation(1, 10)), 20_000);
-        r.observe(&conversation(1, 15), 20_000);
-        // The new conversation, on backend 1.
-        r.record(1, &conversation(2, 5), 0, 20_000);
-        r.ended(prompt_tail(&conversation(2, 5)), 23_000);
-        r.count(now_ms);
-        r.placed(1)
-    };
-    assert_eq!(count_after_first_turn(false, 24_000), 1);
-    assert_eq!(count_after_first_turn(false, 50_000), 1);
-    assert_eq!(count_after_first_turn(false, 50_001), 0);
-    // The ablation: gone 750 ms after its end.
-    assert_eq!(count_after_first_turn(true, 23_750), 1);
-    assert_eq!(count_after_first_turn(true, 23_751), 0);
-    // Before any gap is seen (a docs run: no prompt extends a placement), a first
-    // turn that ended is timed by think time, as before.
-    let mut r = RecentPlacements::default();
-    r.record(1, &conversation(2, 5), 0, 0);
-    r.ended(prompt_tail(&conversation(2, 5)), 3_000);
-    r.count(3_751);
-    assert_eq!(r.placed(1), 0);
 }
 
 #[test]
