@@ -479,11 +479,20 @@ impl PrefixAware {
     /// ones a live conversation asks for at its next turn, so each is charged a whole
     /// prefill, not the `eviction_weight` share of a least-recently-used block. 0
     /// when the capacity is unknown or the footprint is not priced.
-    pub fn crowding_ns(&self, candidate: &Candidate, footprint_blocks: u32) -> f64 {
+    ///
+    /// `counted` is the weight the prompt's own conversation already has among the
+    /// backend's placements (its [`Home`]'s, on that backend; else 0), which this one
+    /// replaces: counted as a placement there and again as a new one, a second turn
+    /// was charged up to 5 s on its first turn's engine, which then no longer looked
+    /// close to the soonest, and in precise mode (where second turns hold one block,
+    /// too short a match to count) 10 of 14 second turns left their first turn's
+    /// engine (`radixgate-bench real`, multiturn, concurrency 4; the decision log).
+    pub fn crowding_ns(&self, candidate: &Candidate, footprint_blocks: u32, counted: f32) -> f64 {
         if !self.price_footprint || candidate.cache_blocks == 0 {
             return 0.0;
         }
-        let live = f64::from(self.recent_new_prefixes.recent(candidate.backend)) + 1.0;
+        let recent = self.recent_new_prefixes.recent(candidate.backend);
+        let live = f64::from((recent - counted).max(0.0)) + 1.0;
         let overflow = live * f64::from(footprint_blocks) - f64::from(candidate.cache_blocks);
         if overflow <= 0.0 {
             return 0.0;
@@ -535,7 +544,7 @@ impl PrefixAware {
             est_ttft_ns: self.est_ttft_ns(c, prompt_blocks),
             shared_wait_ns: self.shared_wait_ns(c, prompt_blocks),
             eviction_ns: self.eviction_ns(c, prompt_blocks),
-            crowding_ns: self.crowding_ns(c, self.footprint_blocks(shared)),
+            crowding_ns: self.crowding_ns(c, self.footprint_blocks(shared), 0.0),
             placed_on_hardware: self.placed_on_hardware(candidates, c),
             free_room: free_room(c),
         }
@@ -653,6 +662,12 @@ impl RoutingPolicy for PrefixAware {
         let prompt_blocks = input.prompt_blocks;
         self.prompt_sizes.record(prompt_blocks);
         let conversation_home = self.recent_new_prefixes.observe(input.prompt, input.now_ms);
+        let home_backend = conversation_home.map(|h| h.backend);
+        // What the prompt's own conversation already counts on candidate `c`.
+        let counted = |c: &Candidate| match conversation_home {
+            Some(home) if home.backend == c.backend => home.weight,
+            _ => 0.0,
+        };
         let pick = |c: Candidate, reason| {
             Some(Pick {
                 backend: c.backend,
@@ -726,7 +741,7 @@ impl RoutingPolicy for PrefixAware {
             let footprint = self.footprint_blocks(shared);
             self.recent_new_prefixes.count(input.now_ms);
             let later = |c: &Candidate| {
-                self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint)
+                self.shared_wait_ns(c, prompt_blocks) + self.crowding_ns(c, footprint, counted(c))
             };
             let soonest = candidates.iter().map(later).fold(f64::INFINITY, f64::min);
             let tolerance = (self.band - 1.0) * min_est + TIE_FLOOR_NS;
@@ -745,7 +760,7 @@ impl RoutingPolicy for PrefixAware {
                 };
                 close.then(|| {
                     (
-                        conversation_home != Some(c.backend),
+                        home_backend != Some(c.backend),
                         placed,
                         placed_here,
                         Reverse(free_room(c)),
@@ -778,7 +793,7 @@ impl RoutingPolicy for PrefixAware {
         let cost = |c: &Candidate| {
             let own = self.cost_ns(c, prompt_blocks);
             if c.matched_blocks < best {
-                own + self.crowding_ns(c, footprint)
+                own + self.crowding_ns(c, footprint, counted(c))
             } else {
                 own
             }
@@ -919,6 +934,15 @@ struct Placed {
     think_ms: f32,
 }
 
+/// The placement a prompt extends ([`RecentPlacements::observe`]): its
+/// conversation's earlier turn, placed as a new prefix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Home {
+    pub backend: BackendIdx,
+    /// Its weight among the backend's counts once counted (used now, so in use).
+    pub weight: f32,
+}
+
 /// A request's prompt by its last block: the depth and chained hash there (`None`
 /// for an empty prompt). What [`RecentPlacements::ended`] is told, so that the
 /// gateway need not keep a whole prompt until its request ends.
@@ -976,16 +1000,19 @@ impl RecentPlacements {
 
     /// A request for `prompt` (its chained block hashes) at `now_ms`: the placements
     /// it extends are used now. The counts change at the next [`Self::count`].
-    /// Returns the prompt's home: the backend of the first placement it extends (an
-    /// earlier turn of its conversation, placed as a new prefix), if any.
-    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) -> Option<BackendIdx> {
+    /// Returns the prompt's home: the first placement it extends (an earlier turn of
+    /// its conversation, placed as a new prefix), if any.
+    pub fn observe(&mut self, prompt: &[u64], now_ms: u64) -> Option<Home> {
         let user = prompt_tail(prompt);
         let mut home = None;
         for p in &mut self.placed {
             if !names(p, prompt) {
                 continue;
             }
-            home = home.or(Some(p.backend));
+            home = home.or(Some(Home {
+                backend: p.backend,
+                weight: p.weight,
+            }));
             let gap = now_ms.saturating_sub(p.used_ms) as f32;
             if gap > 0.0 {
                 p.gap_ms = gap;

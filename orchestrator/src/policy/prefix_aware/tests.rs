@@ -1186,6 +1186,47 @@ fn a_second_turn_whose_match_is_too_short_to_count_stays_with_its_first() {
 }
 
 #[test]
+fn a_second_turn_is_not_charged_for_its_own_conversation_on_its_first_turns_engine() {
+    // The trace (precise mode, 128-token blocks, 64-block caches, prompts lately
+    // 16 blocks): a conversation's second turn (4 blocks) held its first turn's one
+    // block on engine 0, which had the shortest wait (841 ms) and four conversations
+    // placed lately, this one among them; it went to engine 2 (4.5 s) instead. The
+    // crowding charge counted the conversation twice on engine 0, as one of its
+    // placements and again as a new one: about 5 s of overflow that made engine 0
+    // no longer close to the soonest, so its being the conversation's home never
+    // came into it. Counted once, engine 0's four fit its cache.
+    let mut p = PrefixAware::new(&PrefixAwareConfig {
+        tokens_per_block: 16.0,
+        ..base()
+    });
+    for _ in 0..PROMPT_SIZES_KEPT {
+        p.prompt_sizes.record(16);
+    }
+    for k in 1..=4 {
+        p.recent_new_prefixes.record(0, &conversation(k, 1), 0, 0);
+    }
+    let engine = |b, in_flight, matched| Candidate {
+        prefill_ns_per_token: 1_000_000,
+        cache_blocks: 64,
+        ..c(b, in_flight, matched)
+    };
+    // Engine 0 waits one request (5 ms), engine 2 none, engine 1 two.
+    let cands = [engine(0, 1, 1), engine(1, 2, 0), engine(2, 0, 0)];
+    let input = RouteInput {
+        candidates: &cands,
+        prompt_blocks: 4,
+        prompt: &conversation(1, 4),
+        now_ms: 1_000,
+        ..RouteInput::default()
+    };
+    let pick = p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap();
+    assert_eq!(pick, picked(0, Reason::FallbackLeastLoaded));
+    // A new conversation there is charged for the four and itself.
+    p.recent_new_prefixes.count(1_000);
+    assert!(p.crowding_ns(&cands[0], 16, 0.0) > 0.0);
+}
+
+#[test]
 fn new_prefixes_spread_over_the_caches_of_backends_that_share_a_core() {
     // The same trace's first turns: engines 0 and 2 share a core, engine 1 has its
     // own. Spread over hardware, engine 1 took every other conversation; within the
@@ -1336,17 +1377,17 @@ fn crowding_needs_a_known_capacity_and_counts_the_overflow_at_a_prefill_a_block(
         ..c(0, 0, 0)
     };
     // Capacity unknown: nothing to overflow.
-    assert_eq!(p.crowding_ns(&engine(0), 1_000), 0.0);
+    assert_eq!(p.crowding_ns(&engine(0), 1_000, 0.0), 0.0);
     // One new prefix of 60 blocks fits 100; the second overflows by 20 blocks.
-    assert_eq!(p.crowding_ns(&engine(100), 60), 0.0);
+    assert_eq!(p.crowding_ns(&engine(100), 60, 0.0), 0.0);
     p.recent_new_prefixes.record(0, &[], 0, 0);
-    assert_eq!(p.crowding_ns(&engine(100), 60), 20.0 * 10.0 * MS);
+    assert_eq!(p.crowding_ns(&engine(100), 60, 0.0), 20.0 * 10.0 * MS);
     // Off: never.
     let off = PrefixAware::new(&PrefixAwareConfig {
         price_footprint: false,
         ..base()
     });
-    assert_eq!(off.crowding_ns(&engine(1), 1_000), 0.0);
+    assert_eq!(off.crowding_ns(&engine(1), 1_000, 0.0), 0.0);
 }
 
 #[test]
