@@ -483,10 +483,10 @@ impl PrefixAware {
     /// `counted` is the weight the prompt's own conversation already has among the
     /// backend's placements (its [`Home`]'s, on that backend; else 0), which this one
     /// replaces: counted as a placement there and again as a new one, a second turn
-    /// was charged up to 5 s on its first turn's engine, which then no longer looked
-    /// close to the soonest, and in precise mode (where second turns hold one block,
-    /// too short a match to count) 10 of 14 second turns left their first turn's
-    /// engine (`radixgate-bench real`, multiturn, concurrency 4; the decision log).
+    /// was charged 6.6 s on its first turn's engine, which then no longer looked
+    /// close to the soonest, and it left for an engine whose wait was 3.7 s longer
+    /// (precise mode, where a second turn holds one block, too short a match to
+    /// count; `radixgate-bench real`, multiturn, concurrency 4; the decision log).
     pub fn crowding_ns(&self, candidate: &Candidate, footprint_blocks: u32, counted: f32) -> f64 {
         if !self.price_footprint || candidate.cache_blocks == 0 {
             return 0.0;

@@ -995,6 +995,25 @@ fn conversation(k: u64, blocks: u64) -> Vec<u64> {
     (0..blocks).map(|b| k * 1_000 + b).collect()
 }
 
+/// `p`'s pick among `cands` for conversation `k`'s prompt at `blocks` blocks, at
+/// `now_ms`, ties broken by `seed`.
+fn pick_turn(
+    p: &mut PrefixAware,
+    cands: &[Candidate],
+    (k, blocks): (u64, u64),
+    now_ms: u64,
+    seed: u64,
+) -> Pick {
+    let input = RouteInput {
+        candidates: cands,
+        prompt_blocks: blocks as u32,
+        prompt: &conversation(k, blocks),
+        now_ms,
+        ..RouteInput::default()
+    };
+    p.pick(&input, &mut fastrand::Rng::with_seed(seed)).unwrap()
+}
+
 /// Conversation 1 placed on backend 1 and conversation 2 on backend 0, at 0 ms.
 fn two_conversations() -> RecentPlacements {
     let mut r = RecentPlacements::default();
@@ -1133,14 +1152,7 @@ fn conversations_that_have_ended_do_not_crowd_their_engine() {
             ..c(b, in_flight, 0)
         };
         let cands = [engine(0, 2), engine(1, 0)];
-        let input = RouteInput {
-            candidates: &cands,
-            prompt_blocks: 5,
-            prompt: &conversation(7, 5),
-            now_ms: 9_500,
-            ..RouteInput::default()
-        };
-        p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
+        pick_turn(&mut p, &cands, (7, 5), 9_500, 0)
     };
     assert_eq!(new_conversation_goes_to(false), picked(0, Reason::NoMatch));
     assert_eq!(new_conversation_goes_to(true), picked(1, Reason::NoMatch));
@@ -1167,14 +1179,7 @@ fn a_second_turn_whose_match_is_too_short_to_count_stays_with_its_first() {
         let cands: Vec<Candidate> = (0..3)
             .map(|b| c(b, 0, if b == first_on { 1 } else { 0 }))
             .collect();
-        let input = RouteInput {
-            candidates: &cands,
-            prompt_blocks: 4,
-            prompt: &conversation(1, 4),
-            now_ms: 1_000,
-            ..RouteInput::default()
-        };
-        p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap()
+        pick_turn(&mut p, &cands, (1, 4), 1_000, 0)
     };
     for first_on in 0..3 {
         assert_eq!(
@@ -1189,10 +1194,10 @@ fn a_second_turn_whose_match_is_too_short_to_count_stays_with_its_first() {
 fn a_second_turn_is_not_charged_for_its_own_conversation_on_its_first_turns_engine() {
     // The trace (precise mode, 128-token blocks, 64-block caches, prompts lately
     // 16 blocks): a conversation's second turn (4 blocks) held its first turn's one
-    // block on engine 0, which had the shortest wait (841 ms) and four conversations
-    // placed lately, this one among them; it went to engine 2 (4.5 s) instead. The
+    // block on engine 0, which had the shortest wait (841 ms) and 3.5 conversations
+    // placed lately (by weight), this one among them; it went to engine 2 (4.5 s). The
     // crowding charge counted the conversation twice on engine 0, as one of its
-    // placements and again as a new one: about 5 s of overflow that made engine 0
+    // placements and again as a new one: 6.6 s of overflow that made engine 0
     // no longer close to the soonest, so its being the conversation's home never
     // came into it. Counted once, engine 0's four fit its cache.
     let mut p = PrefixAware::new(&PrefixAwareConfig {
@@ -1212,14 +1217,7 @@ fn a_second_turn_is_not_charged_for_its_own_conversation_on_its_first_turns_engi
     };
     // Engine 0 waits one request (5 ms), engine 2 none, engine 1 two.
     let cands = [engine(0, 1, 1), engine(1, 2, 0), engine(2, 0, 0)];
-    let input = RouteInput {
-        candidates: &cands,
-        prompt_blocks: 4,
-        prompt: &conversation(1, 4),
-        now_ms: 1_000,
-        ..RouteInput::default()
-    };
-    let pick = p.pick(&input, &mut fastrand::Rng::with_seed(0)).unwrap();
+    let pick = pick_turn(&mut p, &cands, (1, 4), 1_000, 0);
     assert_eq!(pick, picked(0, Reason::FallbackLeastLoaded));
     // A new conversation there is charged for the four and itself.
     p.recent_new_prefixes.count(1_000);
@@ -1245,14 +1243,7 @@ fn new_prefixes_spread_over_the_caches_of_backends_that_share_a_core() {
                 ..c(b, 0, 0)
             })
             .collect();
-        let input = RouteInput {
-            candidates: &cands,
-            prompt_blocks: 1,
-            prompt: &conversation(k, 1),
-            now_ms: k * 1_000,
-            ..RouteInput::default()
-        };
-        let chosen = p.pick(&input, &mut fastrand::Rng::with_seed(k)).unwrap();
+        let chosen = pick_turn(&mut p, &cands, (k, 1), k * 1_000, k);
         taken[chosen.backend] += 1;
     }
     assert_eq!(taken, [2, 4, 2]);
