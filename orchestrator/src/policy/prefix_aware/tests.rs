@@ -1200,10 +1200,7 @@ fn a_second_turn_is_not_charged_for_its_own_conversation_on_its_first_turns_engi
     // placements and again as a new one: 6.6 s of overflow that made engine 0
     // no longer close to the soonest, so its being the conversation's home never
     // came into it. Counted once, engine 0's four fit its cache.
-    let mut p = PrefixAware::new(&PrefixAwareConfig {
-        tokens_per_block: 16.0,
-        ..base()
-    });
+    let mut p = defaults();
     for _ in 0..PROMPT_SIZES_KEPT {
         p.prompt_sizes.record(16);
     }
